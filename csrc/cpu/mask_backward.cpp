@@ -1,0 +1,95 @@
+// CPU kernel of the backward of every fake-quant op: grad where mask, else 0.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <array>
+
+#include "../checks.h"
+#include "quantize_kernel.h"
+
+namespace fakequant {
+namespace cpu {
+namespace {
+
+// kUnpacked[b] holds the eight bits of b as eight bytes of 0 or 1.
+constexpr std::array<uint64_t, 256> make_unpack_table() {
+  std::array<uint64_t, 256> table{};
+  for (int b = 0; b < 256; ++b) {
+    uint64_t v = 0;
+    for (int j = 0; j < 8; ++j) v |= static_cast<uint64_t>((b >> j) & 1) << (8 * j);
+    table[b] = v;
+  }
+  return table;
+}
+constexpr std::array<uint64_t, 256> kUnpacked = make_unpack_table();
+
+// Selecting on the bit pattern (grad & -mask) vectorises for every dtype and
+// gives +0.0 where the mask is 0, NaN gradients included.
+template <typename bits_t>
+FAKEQUANT_CPU_CLONES void select_masked(const bits_t* __restrict__ grad, const uint8_t* __restrict__ mask,
+                   bits_t* __restrict__ out, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) out[k] = grad[k] & (bits_t(0) - static_cast<bits_t>(mask[k]));
+}
+
+template <typename bits_t>
+void mask_backward_loop(const at::Tensor& grad, const at::Tensor& mask, at::Tensor& out) {
+  const int64_t n = grad.numel();
+  const auto* gp = static_cast<const bits_t*>(grad.const_data_ptr());
+  auto* op = static_cast<bits_t*>(out.mutable_data_ptr());
+  const bool packed = mask.scalar_type() == at::kByte;
+  const uint8_t* mp = packed ? mask.const_data_ptr<uint8_t>()
+                             : reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>());
+  const int64_t ntiles = (n + kTile - 1) / kTile;
+  at::parallel_for(0, ntiles, kTilesPerTask, [&](int64_t t0, int64_t t1) {
+    alignas(64) uint8_t local[kTile];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t e0 = t * kTile, e1 = std::min(n, e0 + kTile);
+      const uint8_t* m = mp + e0;
+      if (packed) {
+        for (int64_t b = 0; b < (e1 - e0 + 7) / 8; ++b) {
+          std::memcpy(local + 8 * b, &kUnpacked[mp[e0 / 8 + b]], 8);
+        }
+        m = local;
+      }
+      select_masked<bits_t>(gp + e0, m, op + e0, e1 - e0);
+    }
+  });
+}
+
+at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask) {
+  check_input(grad);
+  TORCH_CHECK_VALUE(mask.device() == grad.device(), "fakequant: mask is on ", mask.device(),
+                    " but grad is on ", grad.device(), "; both must be on the same device");
+  if (mask.scalar_type() == at::kBool) {
+    TORCH_CHECK_VALUE(mask.sizes() == grad.sizes(), "fakequant: a bool mask must have grad's shape ",
+                      grad.sizes(), ", got ", mask.sizes());
+  } else {
+    TORCH_CHECK_TYPE(mask.scalar_type() == at::kByte,
+                     "fakequant: mask must be uint8 (packed bits) or bool, got ",
+                     mask.scalar_type());
+    TORCH_CHECK_VALUE(mask.dim() == 1 && mask.numel() == (grad.numel() + 7) / 8,
+                      "fakequant: a packed mask for grad of ", grad.numel(),
+                      " elements must be 1-D with ", (grad.numel() + 7) / 8, " bytes, got shape ",
+                      mask.sizes());
+  }
+  // Bit i of a packed mask belongs to element i of the output in memory order;
+  // the autograd formulas pass grad with the forward output's strides, so
+  // neither copy below happens in training.
+  at::Tensor out = at::empty_like(grad);
+  const at::Tensor g = dense_like(grad, out);
+  const at::Tensor m = mask.scalar_type() == at::kBool ? dense_like(mask, out) : mask.contiguous();
+  switch (g.element_size()) {
+    case 2: mask_backward_loop<uint16_t>(g, m, out); break;
+    case 4: mask_backward_loop<uint32_t>(g, m, out); break;
+    default: mask_backward_loop<uint64_t>(g, m, out); break;
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fakequant, CPU, m) { m.impl("mask_backward", &mask_backward); }
+
+}  // namespace cpu
+}  // namespace fakequant

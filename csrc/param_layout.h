@@ -1,0 +1,67 @@
+#pragma once
+// Maps the elements of a dense tensor, walked in memory order, to the entries of
+// a broadcast parameter array (scale, zero point, amax: one entry per tensor,
+// per channel or per broadcast block). Metadata only; shared by every backend.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace fakequant {
+
+struct ParamLayout {
+  // Dimensions in memory order, outermost first, with neighbours merged where
+  // both the tensor and the parameter array step through them as one. The last
+  // entry is the innermost run: the kernels loop over it with a parameter step
+  // of 0 (one value for the whole run) or 1 (consecutive values), and anything
+  // else falls back to a per-element lookup.
+  c10::SmallVector<int64_t, 6> sizes;
+  c10::SmallVector<int64_t, 6> param_strides;
+
+  int64_t inner_size() const { return sizes.back(); }
+  int64_t inner_param_stride() const { return param_strides.back(); }
+
+  // Parameter offset of the first element of `row`, a row being one run of the
+  // innermost dimension.
+  int64_t row_param_offset(int64_t row) const {
+    int64_t offset = 0;
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0 && row > 0; --d) {
+      offset += (row % sizes[d]) * param_strides[d];
+      row /= sizes[d];
+    }
+    return offset;
+  }
+};
+
+// `dense` must be non-overlapping and dense. `param_strides[d]` is how far the
+// parameter array advances per step along dimension d of `dense` (0 where the
+// parameters broadcast).
+inline ParamLayout make_param_layout(const at::Tensor& dense, at::IntArrayRef param_strides) {
+  const auto sizes = dense.sizes();
+  const auto strides = dense.strides();
+  c10::SmallVector<int64_t, 6> dims;
+  for (int64_t d = 0; d < dense.dim(); ++d) {
+    if (sizes[d] != 1) dims.push_back(d);
+  }
+  std::stable_sort(dims.begin(), dims.end(),
+                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+
+  ParamLayout layout;
+  for (int64_t d : dims) {
+    if (!layout.sizes.empty() &&
+        layout.param_strides.back() == param_strides[d] * sizes[d]) {
+      layout.sizes.back() *= sizes[d];
+      layout.param_strides.back() = param_strides[d];
+    } else {
+      layout.sizes.push_back(sizes[d]);
+      layout.param_strides.push_back(param_strides[d]);
+    }
+  }
+  if (layout.sizes.empty()) {  // zero-dim or all-ones shape
+    layout.sizes.push_back(1);
+    layout.param_strides.push_back(0);
+  }
+  return layout;
+}
+
+}  // namespace fakequant
