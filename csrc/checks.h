@@ -10,10 +10,9 @@ inline bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
 }
 
-inline void check_input(const at::Tensor& input) {
-  TORCH_CHECK_TYPE(is_supported_float(input.scalar_type()),
-                   "fakequant: input must be float32, float16, bfloat16 or float64, got ",
-                   input.scalar_type());
+inline void check_input(const at::Tensor& input, const char* name = "input") {
+  TORCH_CHECK_TYPE(is_supported_float(input.scalar_type()), "fakequant: ", name,
+                   " must be float32, float16, bfloat16 or float64, got ", input.scalar_type());
 }
 
 inline void check_float_param(const at::Tensor& t, const char* name, const at::Tensor& input) {

@@ -46,6 +46,23 @@ def amax_bound(num_bits: int, unsigned: bool = False) -> int:
 
 
 # --- fake kernels: shapes, dtypes and strides without computing -------------
+# They run under torch.compile/export tracing, and for tensors on the meta
+# device, where the C++ checks do not: the cheap metadata checks are repeated.
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_meta(input: torch.Tensor, input_name: str = "input", **params: torch.Tensor) -> None:
+    if input.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"fakequant: {input_name} must be float32, float16, bfloat16 or float64, got {input.dtype}"
+        )
+    for name, t in params.items():
+        if t.device != input.device:
+            raise ValueError(
+                f"fakequant: {name} is on {t.device} but {input_name} is on {input.device}; "
+                "both must be on the same device"
+            )
 
 
 def _new_mask(y: torch.Tensor, packed: bool = True) -> torch.Tensor:
@@ -56,30 +73,35 @@ def _new_mask(y: torch.Tensor, packed: bool = True) -> torch.Tensor:
 
 @torch.library.register_fake("fakequant::fake_quantize_affine")
 def _(input, scale, zero_point, axis, quant_min, quant_max, pack_mask=True):
+    _check_meta(input, scale=scale, zero_point=zero_point)
     y = torch.empty_like(input)
     return y, _new_mask(y, pack_mask)
 
 
 @torch.library.register_fake("fakequant::fake_quantize_amax")
 def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+    _check_meta(input, amax=amax)
     y = torch.empty_like(input)
     return y, _new_mask(y)
 
 
 @torch.library.register_fake("fakequant::quantize_amax")
 def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+    _check_meta(input, amax=amax)
     y = torch.empty_like(input)
     return y, _new_mask(y)
 
 
 @torch.library.register_fake("fakequant::fake_quantize_min_max")
 def _(input, min_range, max_range, num_bits=8):
+    _check_meta(input, min_range=min_range, max_range=max_range)
     y = torch.empty_like(input)
     return y, _new_mask(y)
 
 
 @torch.library.register_fake("fakequant::mask_backward")
 def _(grad, mask):
+    _check_meta(grad, "grad", mask=mask)
     return torch.empty_like(grad)
 
 

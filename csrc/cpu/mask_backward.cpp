@@ -58,7 +58,7 @@ void mask_backward_loop(const at::Tensor& grad, const at::Tensor& mask, at::Tens
 }
 
 at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask) {
-  check_input(grad);
+  check_input(grad, "grad");
   TORCH_CHECK_VALUE(mask.device() == grad.device(), "fakequant: mask is on ", mask.device(),
                     " but grad is on ", grad.device(), "; both must be on the same device");
   if (mask.scalar_type() == at::kBool) {

@@ -1,0 +1,397 @@
+"""Every operator against the plain-PyTorch reference of the contract (reference.py),
+on each device and dtype: random data, exact ties, NaN/inf, layouts, empty tensors."""
+import math
+
+import pytest
+import torch
+
+import fakequant
+import reference as ref
+from conftest import DEVICES, DTYPES
+
+ops = torch.ops.fakequant
+
+
+def assert_same(actual, expected):
+    """Bit-identical values (NaN where NaN), same dtype and shape."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert torch.equal(actual.isnan(), expected.isnan())
+    ok = actual.isnan() | (actual == expected)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero()[:5].tolist()
+        raise AssertionError(f"{int((~ok).sum())} elements differ, e.g. at {bad}")
+
+
+def random_input(shape, dtype, device, spread=3.0):
+    return (torch.randn(shape, dtype=torch.float64) * spread).to(device, dtype)
+
+
+def mask_of(packed, y):
+    return fakequant.unpack_mask(packed, y)
+
+
+# --- affine ------------------------------------------------------------------------
+
+
+AFFINE_RANGES = [(-128, 127, 0), (0, 255, 128), (-127, 127, 0), (-8, 7, 3), (0, 15, 0)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qmin,qmax,zp", AFFINE_RANGES)
+def test_affine_per_tensor(device, dtype, qmin, qmax, zp):
+    x = random_input((7, 33, 5), dtype, device)
+    scale = torch.tensor([0.0173], device=device)
+    zero_point = torch.tensor([zp], dtype=torch.int32, device=device)
+    y, mask = ops.fake_quantize_affine(x, scale, zero_point, None, qmin, qmax)
+    ey, emask = ref.fake_quantize_affine(x, scale, zero_point, None, qmin, qmax)
+    assert_same(y, ey)
+    assert mask.dtype == torch.uint8 and mask.shape == ((x.numel() + 7) // 8,)
+    assert torch.equal(mask_of(mask, y), emask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -3])
+def test_affine_per_channel(device, dtype, axis):
+    x = random_input((6, 10, 9), dtype, device)
+    c = x.size(axis)
+    scale = torch.rand(c, device=device) * 0.05 + 0.001
+    zero_point = torch.randint(-20, 20, (c,), dtype=torch.int32, device=device)
+    y, mask = ops.fake_quantize_affine(x, scale, zero_point, axis, -128, 127)
+    ey, emask = ref.fake_quantize_affine(x, scale, zero_point, axis % x.dim(), -128, 127)
+    assert_same(y, ey)
+    assert torch.equal(mask_of(mask, y), emask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_affine_float_zero_point_and_double_scale(device, dtype):
+    x = random_input((4, 50), dtype, device)
+    scale = torch.tensor([0.01, 0.02, 0.03, 0.04], dtype=torch.float64, device=device)
+    zero_point = torch.tensor([0.0, 3.0, -5.0, 10.0], device=device)
+    y, _ = ops.fake_quantize_affine(x, scale, zero_point, 0, -128, 127)
+    ey, _ = ref.fake_quantize_affine(x, scale.float(), zero_point, 0, -128, 127)
+    assert_same(y, ey)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_affine_exact_ties_round_half_to_even(device, dtype):
+    # With a power-of-two scale, x = (k + 0.5) * s is exact and x / s is a tie.
+    s = 2.0**-3
+    k = torch.arange(-140, 140, dtype=torch.float64)
+    x = ((k + 0.5) * s).to(device, dtype)
+    y, mask = ops.fake_quantize_affine(
+        x, torch.tensor([s], device=device), torch.tensor([0], device=device), None, -128, 127
+    )
+    expected_q = torch.clamp(torch.round(k + 0.5), -128, 127)  # half to even
+    assert torch.equal(y.double().cpu(), expected_q * s)
+    assert_same(y, ref.fake_quantize_affine(x, s, 0, None, -128, 127)[0])
+    assert torch.equal(mask_of(mask, y).cpu(), (torch.round(k + 0.5) >= -128) & (torch.round(k + 0.5) <= 127))
+    # 2.5 -> 2, 3.5 -> 4, -2.5 -> -2
+    assert torch.equal(torch.round(torch.tensor([2.5, 3.5, -2.5])), torch.tensor([2.0, 4.0, -2.0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_affine_ties_any_scale(device, dtype):
+    # Near-ties for a scale that is not a power of two follow the reference too.
+    s = 0.0371
+    k = torch.arange(-130, 130, dtype=torch.float32)
+    x = ((k + 0.5) * s).to(device, dtype)
+    y, mask = ops.fake_quantize_affine(x, torch.tensor([s], device=device), torch.tensor([0], device=device), None, -128, 127)
+    ey, emask = ref.fake_quantize_affine(x, s, 0, None, -128, 127)
+    assert_same(y, ey)
+    assert torch.equal(mask_of(mask, y), emask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_affine_nan_and_inf(device, dtype):
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 1.0, -1.0], dtype=dtype, device=device)
+    s = 0.5
+    y, mask = ops.fake_quantize_affine(x, torch.tensor([s], device=device), torch.tensor([0], device=device), None, -128, 127)
+    assert math.isnan(float(y[0]))
+    assert float(y[1]) == 127 * s and float(y[2]) == -128 * s
+    assert mask_of(mask, y).tolist() == [False, False, False, True, True, True]
+
+
+def _layouts(device, dtype):
+    base = random_input((4, 6, 5, 7), dtype, device)
+    yield "channels_last", base.to(memory_format=torch.channels_last)
+    yield "transposed", base.transpose(1, 3)
+    yield "sliced", base[:, ::2, 1:, ::3]
+    yield "expanded", random_input((1, 6, 1, 7), dtype, device).expand(4, 6, 5, 7)
+    yield "offset", random_input((4 * 6 * 5 * 7 + 1,), dtype, device)[1:].view(4, 6, 5, 7)  # not 16-byte aligned
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("axis", [None, 1, 3])
+def test_affine_layouts(device, dtype, axis):
+    for name, x in _layouts(device, dtype):
+        c = 1 if axis is None else x.size(axis)
+        scale = torch.rand(c, device=device) * 0.05 + 0.01
+        zp = torch.randint(-5, 5, (c,), device=device)
+        y, mask = ops.fake_quantize_affine(x, scale, zp, axis, -128, 127)
+        ey, emask = ref.fake_quantize_affine(x, scale, zp, axis, -128, 127)
+        assert_same(y, ey)
+        assert torch.equal(mask_of(mask, y), emask), name
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            assert y.is_contiguous(memory_format=torch.channels_last), "output keeps channels_last"
+        if name == "transposed":
+            assert y.stride() == x.stride(), "dense inputs keep their strides"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_tensors(device, dtype):
+    for shape, axis in [((0,), None), ((3, 0, 2), 0), ((3, 0, 2), 1)]:
+        x = torch.empty(shape, dtype=dtype, device=device)
+        c = 1 if axis is None else shape[axis]
+        y, mask = ops.fake_quantize_affine(x, torch.ones(c, device=device), torch.zeros(c, device=device), axis, -128, 127)
+        assert y.shape == x.shape and mask.numel() == 0
+        y, mask = ops.fake_quantize_amax(x, torch.tensor(1.0, device=device), 8, False, True)
+        assert y.shape == x.shape and mask.numel() == 0
+        g = ops.mask_backward(torch.empty_like(x), mask)
+        assert g.shape == x.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_dim_input(device):
+    x = torch.tensor(0.37, device=device)
+    y, mask = ops.fake_quantize_amax(x, torch.tensor(1.0, device=device), 8, False, True)
+    assert y.dim() == 0
+    assert_same(y, ref.fake_quantize_amax(x, 1.0)[0])
+    assert mask.tolist() == [1]
+
+
+# --- amax family -------------------------------------------------------------------
+
+
+AMAX_SETTINGS = [(8, False, True), (8, False, False), (8, True, False), (4, False, True), (2, False, False), (16, True, True)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_bits,unsigned,narrow", AMAX_SETTINGS)
+def test_amax_per_tensor(device, dtype, num_bits, unsigned, narrow):
+    x = random_input((5, 64), dtype, device)
+    if unsigned:
+        x = x.abs()
+    amax = torch.tensor(2.5, device=device)
+    for fn, rfn in ((ops.fake_quantize_amax, ref.fake_quantize_amax), (ops.quantize_amax, ref.quantize_amax)):
+        y, mask = fn(x, amax, num_bits, unsigned, narrow)
+        ey, emask = rfn(x, amax, num_bits, unsigned, narrow)
+        assert_same(y, ey)
+        assert torch.equal(mask_of(mask, y), emask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "amax_shape",
+    [(8, 1, 1, 1), (1, 3, 1, 1), (1, 1, 1, 6), (8, 1, 1, 6), (3, 1, 1), (6,), (8, 3, 5, 6), ()],
+)
+def test_amax_broadcast_shapes(device, dtype, amax_shape):
+    x = random_input((8, 3, 5, 6), dtype, device)
+    amax = torch.rand(amax_shape, device=device) * 3 + 0.1
+    if len(amax_shape) and amax.numel() > 1:
+        amax.view(-1)[0] = 0.0  # a channel with amax 0 quantizes to 0
+    y, mask = ops.fake_quantize_amax(x, amax, 8, False, True)
+    ey, emask = ref.fake_quantize_amax(x, amax, 8, False, True)
+    assert_same(y, ey)
+    assert torch.equal(mask_of(mask, y), emask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_amax_elementwise_on_transposed_input(device):
+    # Parameters that step by neither 0 nor 1 along the innermost memory dimension.
+    x = random_input((7, 9), torch.float32, device).t()
+    amax = torch.rand(9, 7, device=device) + 0.5
+    y, mask = ops.fake_quantize_amax(x, amax, 8, False, False)
+    ey, emask = ref.fake_quantize_amax(x, amax, 8, False, False)
+    assert_same(y, ey)
+    assert torch.equal(mask_of(mask, y), emask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_amax_zero_and_tiny(device, dtype):
+    x = torch.tensor([0.0, 1e-3, -5.0, float("nan"), float("inf")], dtype=dtype, device=device)
+    for amax in (0.0, 2.0**-25, 2.0**-24):
+        y, mask = ops.fake_quantize_amax(x, torch.tensor(amax, device=device), 8, False, True)
+        assert y[:3].tolist() == [0.0, 0.0, 0.0] and float(y[4]) == 0.0
+        assert math.isnan(float(y[3])), "NaN in gives NaN out"
+        assert_same(y, ref.fake_quantize_amax(x, amax)[0])
+    q, scale = fakequant.quantize_amax(x[:3], 0.0)
+    assert float(scale) == 1.0 and q.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_amax_nan_inf_and_mask(device, dtype):
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0, -1.0, 1.5], dtype=dtype, device=device)
+    y, mask = ops.fake_quantize_amax(x, torch.tensor(1.0, device=device), 8, False, True)
+    assert math.isnan(float(y[0]))
+    assert float(y[1]) == float(y[3]) == -float(y[2]) == float(y[5]) > 0.99  # saturate at 127 * s
+    assert_same(y, ref.fake_quantize_amax(x, 1.0)[0])
+    assert mask_of(mask, y).tolist() == [False, False, False, True, True, False]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_amax_exact_ties(device, dtype):
+    # amax = 127 * 2^-4 gives s = 2^-4 exactly: x = (k + 0.5) s are ties.
+    s = 2.0**-4
+    k = torch.arange(-130, 130, dtype=torch.float64)
+    x = ((k + 0.5) * s).to(device, dtype)
+    y, _ = ops.fake_quantize_amax(x, torch.tensor(127 * s, device=device), 8, False, False)
+    assert torch.equal(y.double().cpu(), torch.clamp(torch.round(k + 0.5), -128, 127) * s)
+
+
+# --- min/max --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_bits", [8, 4])
+def test_min_max(device, dtype, num_bits):
+    x = random_input((6, 40), dtype, device)
+    for lo, hi in [(-2.0, 3.0), (0.5, 4.0), (-6.0, -1.0)]:
+        mn, mx = torch.tensor(lo, device=device), torch.tensor(hi, device=device)
+        y, mask = ops.fake_quantize_min_max(x, mn, mx, num_bits)
+        ey, emask = ref.fake_quantize_min_max(x, mn, mx, num_bits)
+        assert_same(y, ey)
+        assert torch.equal(mask_of(mask, y), emask)
+    # per-row ranges, broadcast
+    mn = -torch.rand(6, 1, device=device) - 0.5
+    mx = torch.rand(1, 1, device=device) + 0.5
+    y, mask = ops.fake_quantize_min_max(x, mn, mx, num_bits)
+    ey, emask = ref.fake_quantize_min_max(x, mn, mx, num_bits)
+    assert_same(y, ey)
+    assert torch.equal(mask_of(mask, y), emask)
+
+
+# --- backward ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_is_grad_times_mask(device, dtype):
+    for name, x in _layouts(device, dtype):
+        xr = x.detach().requires_grad_()
+        y = fakequant.fake_quantize_amax(xr, 2.0)
+        grad = random_input(y.shape, dtype, device)
+        (gx,) = torch.autograd.grad(y, xr, grad)
+        _, emask = ref.fake_quantize_amax(x, 2.0)
+        assert_same(gx, torch.where(emask, grad, torch.zeros_like(grad)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_nan_gradient_is_masked(device):
+    x = torch.tensor([0.1, 5.0], device=device, requires_grad=True)
+    y = fakequant.fake_quantize_amax(x, 1.0)
+    (gx,) = torch.autograd.grad(y, x, torch.tensor([float("nan"), float("nan")], device=device))
+    assert math.isnan(float(gx[0])) and float(gx[1]) == 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_expanded_grad(device):
+    # y.sum() sends back an expanded (stride 0) gradient; the packed mask still lines up.
+    x = random_input((4, 6, 5, 7), torch.float32, device).to(memory_format=torch.channels_last).requires_grad_()
+    y = fakequant.fake_quantize_amax(x, 2.0)
+    y.sum().backward()
+    assert torch.equal(x.grad, ref.fake_quantize_amax(x.detach(), 2.0)[1].float())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pass_through_backward(device):
+    x = torch.tensor([0.5, 3.0, -7.0], device=device, requires_grad=True)
+    y = fakequant.fake_quantize_amax(x, 1.0, pass_through=True)
+    y.backward(torch.ones_like(y))
+    assert x.grad.tolist() == [1.0, 1.0, 1.0]
+    assert_same(y.detach(), ref.fake_quantize_amax(x.detach(), 1.0)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_min_max_and_quantize_backward(device):
+    x = torch.tensor([-3.0, -1.0, 0.2, 2.0, 4.0], device=device, requires_grad=True)
+    y = fakequant.fake_quantize_min_max(x, -2.0, 3.0)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert g.tolist() == [0.0, 1.0, 1.0, 1.0, 0.0]
+    q, scale = fakequant.quantize_amax(x, 2.0)
+    (g,) = torch.autograd.grad(q.sum(), x)
+    assert g.tolist() == [0.0, 1.0, 1.0, 1.0, 0.0]
+    assert float(scale) == 127 / 2.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mask_backward_bool_and_packed(device, dtype):
+    grad = random_input((3, 17), dtype, device)
+    mask = torch.rand(3, 17, device=device) > 0.4
+    expected = torch.where(mask, grad, torch.zeros_like(grad))
+    assert_same(ops.mask_backward(grad, mask), expected)
+    assert_same(fakequant.fake_quant_grad(grad, mask.t().contiguous().t()), expected)  # any layout
+    bits = (mask.flatten().to(torch.uint8).view(-1).tolist() + [0] * 7)
+    packed = torch.tensor(
+        [sum(b << j for j, b in enumerate(bits[i : i + 8])) for i in range(0, 3 * 17, 8)],
+        dtype=torch.uint8,
+        device=device,
+    )
+    assert_same(ops.mask_backward(grad, packed), expected)
+
+
+# --- torch-compatible and ONNX Runtime training functions ----------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_drop_in_per_tensor_matches_torch(device, dtype):
+    x = random_input((64, 65), dtype, device).requires_grad_()
+    scale, zp = 0.0213, 5
+    y = fakequant.fake_quantize_per_tensor_affine(x, scale, zp, -128, 127)
+    t = torch.fake_quantize_per_tensor_affine(x, scale, zp, -128, 127)
+    # torch multiplies by 1/scale: one step apart at near-ties only.
+    assert float((y - t).detach().abs().max()) <= scale * 1.001
+    assert float((y != t).float().mean()) < 0.01
+    gy, = torch.autograd.grad(y.sum(), x)
+    gt, = torch.autograd.grad(t.sum(), x)
+    assert float((gy != gt).float().mean()) < 0.01
+    y2 = fakequant.fake_quantize_per_tensor_affine(x, torch.tensor(scale, device=device), torch.tensor(zp, device=device), -128, 127)
+    assert torch.equal(y, y2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_drop_in_per_channel_matches_torch(device):
+    x = random_input((8, 3, 4, 4), torch.float32, device).requires_grad_()
+    scale = torch.rand(3, device=device) * 0.05 + 0.01
+    zp = torch.randint(0, 10, (3,), dtype=torch.int32, device=device)
+    y = fakequant.fake_quantize_per_channel_affine(x, scale, zp, 1, 0, 255)
+    t = torch.fake_quantize_per_channel_affine(x, scale, zp, 1, 0, 255)
+    assert float((y - t).detach().abs().max()) <= float(scale.max()) * 1.001
+    assert float((y != t).float().mean()) < 0.01
+    assert_same(y.detach(), ref.fake_quantize_affine(x.detach(), scale, zp, 1, 0, 255)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_onnxruntime_training_contract(device, dtype):
+    x = random_input((5, 9), dtype, device)
+    y, mask = fakequant.fake_quant(x, 0.05, 3, -128, 127)
+    ey, emask = ref.fake_quantize_affine(x, 0.05, 3, None, -128, 127)
+    assert mask.dtype == torch.bool and mask.shape == x.shape
+    assert_same(y, ey)
+    assert torch.equal(mask, emask)
+    dy = random_input((5, 9), dtype, device)
+    assert_same(fakequant.fake_quant_grad(dy, mask), torch.where(emask, dy, torch.zeros_like(dy)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_affine_wrapper_is_differentiable(device):
+    x = torch.linspace(-3, 3, 13, device=device, requires_grad=True)
+    y = fakequant.fake_quantize_affine(x, 0.02, 0, None, -128, 127)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(g, ref.fake_quantize_affine(x.detach(), 0.02, 0, None, -128, 127)[1].float())
