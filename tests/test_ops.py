@@ -395,3 +395,34 @@ def test_affine_wrapper_is_differentiable(device):
     y = fakequant.fake_quantize_affine(x, 0.02, 0, None, -128, 127)
     (g,) = torch.autograd.grad(y.sum(), x)
     assert torch.equal(g, ref.fake_quantize_affine(x.detach(), 0.02, 0, None, -128, 127)[1].float())
+
+
+def _available_memory_bytes():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@pytest.mark.skipif(_available_memory_bytes() < 14 * 2**30, reason="needs about 9 GiB of free memory")
+def test_more_than_2_to_31_elements():
+    # 64-bit indexing: elements past 2^31 are quantized, masked and unmasked in place.
+    n = 2**31 + 13
+    x = torch.zeros(n, dtype=torch.float16)
+    tail = torch.tensor([0.3, -7.0, 1.26, float("nan"), 0.5, -0.5, 2.0, 9.0, -1.1, 0.0, 1.0, 0.1, -0.26], dtype=torch.float16)
+    x[-13:] = tail
+    y, mask = ops.fake_quantize_amax(x, torch.tensor(2.0), 8, False, True)
+    assert mask.numel() == (n + 7) // 8
+    ey, emask = ref.fake_quantize_amax(tail, 2.0)
+    assert_same(y[-13:], ey)
+    assert not bool(y[: 2**20].any())
+    bits = ((mask[-2:].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()
+    # n % 8 == 5: the last byte holds the last 5 elements, the byte before the 8 ahead of them
+    assert torch.equal(bits[:13], emask)
+    del y
+    g = ops.mask_backward(x, mask)
+    assert_same(g[-13:], torch.where(emask, tail, torch.zeros_like(tail)))

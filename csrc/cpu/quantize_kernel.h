@@ -8,6 +8,9 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -93,6 +96,13 @@ FAKEQUANT_CPU_CLONES void run_varying(const scalar_t* __restrict__ x, scalar_t* 
 // Packs n bytes holding 0/1 into bits, element k at bit k % 8 of byte k / 8.
 inline void pack_bits(const uint8_t* bytes, int64_t n, uint8_t* bits) {
   int64_t k = 0;
+#if defined(__SSE2__)
+  for (; k + 16 <= n; k += 16) {  // byte j's low bit moved to its sign bit, gathered by movemask
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + k));
+    const auto b = static_cast<uint16_t>(_mm_movemask_epi8(_mm_slli_epi16(v, 7)));
+    std::memcpy(bits + k / 8, &b, 2);  // little-endian: elements k..k+7 in the first byte
+  }
+#endif
   for (; k + 8 <= n; k += 8) {
     uint64_t v;
     std::memcpy(&v, bytes + k, 8);
