@@ -31,6 +31,7 @@ test: build
 
 bench: build
 	$(PY) benchmarks/bench_ops.py
+	$(PY) benchmarks/bench_ops.py --thp
 
 clean:
 	rm -rf build *.egg-info fakequant/_C*.so fakequant/_build_info.py $(VENV)
