@@ -1,4 +1,12 @@
-"""fakequant: fake quantization for quantization-aware training."""
+"""fakequant: fake quantization for quantization-aware training.
+
+The operators (``fakequant.fake_quantize_*``) live in :mod:`fakequant.ops`; the
+pytorch-quantization-shaped API in :mod:`fakequant.tensor_quant`,
+:mod:`fakequant.nn` (``from fakequant import nn as quant_nn``),
+:mod:`fakequant.calib` and :mod:`fakequant.quant_modules`.
+"""
+__version__ = "0.1.0"
+
 from ._extension import BUILT_FOR_CUDA, BUILT_FOR_TORCH, CUDA_ARCH_LIST
 from .ops import (
     amax_bound,
@@ -13,5 +21,7 @@ from .ops import (
     quantize_amax,
     unpack_mask,
 )
-
-__version__ = "0.1.0"
+from . import calib, nn, optim, quant_modules, tensor_quant, utils
+from .quant_modules import deactivate, enable_onnx_export, initialize, quantize_model
+from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
+from .utils import calibrate

@@ -353,7 +353,10 @@ def test_drop_in_per_tensor_matches_torch(device, dtype):
     x = random_input((64, 65), dtype, device).requires_grad_()
     scale, zp = 0.0213, 5
     y = fakequant.fake_quantize_per_tensor_affine(x, scale, zp, -128, 127)
-    t = torch.fake_quantize_per_tensor_affine(x, scale, zp, -128, 127)
+    try:
+        t = torch.fake_quantize_per_tensor_affine(x, scale, zp, -128, 127)
+    except RuntimeError as e:  # torch < 2.5 has no bfloat16 kernel
+        pytest.skip(f"torch's own op refuses {dtype}: {e}")
     # torch multiplies by 1/scale: one step apart at near-ties only.
     assert float((y - t).detach().abs().max()) <= scale * 1.001
     assert float((y != t).float().mean()) < 0.01

@@ -1,0 +1,443 @@
+"""Histogram calibrator: collect ``|x|`` histograms, then pick amax by entropy,
+MSE or percentile.
+
+Histograms live on the collected tensor's device with int64 counts (exact at
+any count; pytorch-quantization's float32 counts stop at 2^24), per tensor or
+per channel (``axis``). The amax searches run on the CPU in float64 and are
+vectorised over all candidate amax values, so the entropy search is
+O(candidates x quantization levels) tensor arithmetic instead of
+pytorch-quantization's O(bins^2) Python loop.
+"""
+import contextlib
+import math
+import numbers
+import warnings
+from typing import Optional
+
+import torch
+
+from .. import ops
+from .calibrator import _Calibrator, normalize_kept_axes
+
+__all__ = ["HistogramCalibrator", "calibrate_weights"]
+
+# Elements histogrammed per step per channel (bounds the int64 index temporaries).
+_CHUNK = 1 << 24
+# Elements per torch.histc call: its float32 counts are exact below 2^24.
+_HISTC_CHUNK = (1 << 24) - 1
+# Elements per block of the candidate x level (entropy) and candidate x bin (MSE)
+# searches: bounds their temporaries for histograms that grew large.
+_BLOCK = 1 << 18
+METHODS = ("entropy", "mse", "percentile", "max")
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Runs the amax searches on the calling thread only. Their tensors are
+    small (a few hundred thousand elements): a thread pool cannot speed them up,
+    but waking it costs milliseconds per op when the machine is busy."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_positive_int(value, name, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class HistogramCalibrator(_Calibrator):
+    """Collects histograms of ``|x|``; :meth:`compute_amax` picks amax from them.
+
+    Args:
+        num_bits, axis, unsigned: see :class:`~fakequant.calib.calibrator._Calibrator`.
+            With ``axis`` there is one histogram per channel (per index of the kept axes).
+        num_bins: bins of the first histogram, spanning ``[0, max|x|]``. Default 2048.
+            Later tensors with a larger maximum add bins of the same width.
+        grow_method: deprecated in pytorch-quantization; ignored with a warning.
+        skip_zeros: leave exact zeros out of the histogram. Default False.
+        torch_hist: accepted for compatibility (histograms are always collected
+            with torch on the tensor's device).
+    """
+
+    def __init__(self, num_bits=8, axis=None, unsigned=False, num_bins=2048, grow_method=None,
+                 skip_zeros=False, torch_hist=True):
+        super().__init__(num_bits, axis, unsigned)
+        self._num_bins = _check_positive_int(num_bins, "num_bins", 2)
+        if grow_method is not None:
+            warnings.warn(f"HistogramCalibrator: grow_method is deprecated and ignored, got {grow_method!r}",
+                          DeprecationWarning, stacklevel=2)
+        if not isinstance(skip_zeros, bool):
+            raise TypeError(f"skip_zeros must be a bool, got {skip_zeros!r}")
+        self._skip_zeros = skip_zeros
+        self._torch_hist = torch_hist
+        self.reset()
+
+    # -- state -----------------------------------------------------------------
+    def reset(self):
+        """Forgets the collected histograms."""
+        self._hist = None  # int64 [channels, bins] on the collected tensors' device
+        self._width = None  # float64 [channels] (CPU): bin width, 0 until a nonzero value is seen
+        self._used = None  # int64 [channels] (CPU): bins in use per channel
+        self._max = None  # float64 [channels] (CPU): largest |x| seen
+        self._amax_shape = None  # shape of the amax compute_amax returns
+        self._channel_shape = None
+        self._ndim = None
+
+    @property
+    def num_bins(self):
+        return self._num_bins
+
+    @property
+    def skip_zeros(self):
+        return self._skip_zeros
+
+    def _edges(self, c: int) -> torch.Tensor:
+        n = int(self._used[c])
+        return (torch.arange(n + 1, dtype=torch.float64) * float(self._width[c])).float()
+
+    @property
+    def _calib_hist(self) -> Optional[torch.Tensor]:
+        """The histogram counts (1-D per tensor, [channels, bins] per channel)."""
+        if self._hist is None:
+            return None
+        if self._hist.shape[0] == 1:
+            return self._hist[0, : int(self._used[0])]
+        return self._hist
+
+    @property
+    def _calib_bin_edges(self) -> Optional[torch.Tensor]:
+        """The bin edges (float32, CPU) per tensor; a list of them per channel."""
+        if self._hist is None:
+            return None
+        edges = [self._edges(c) for c in range(self._hist.shape[0])]
+        return edges[0] if len(edges) == 1 else edges
+
+    # -- collection ------------------------------------------------------------
+    def _as_channels(self, x: torch.Tensor):
+        """``x`` as [channels, values], the channel shape, and the shape of its amax."""
+        kept = normalize_kept_axes(self._axis, x.dim())
+        if not kept:
+            return x.reshape(1, -1), (), ()
+        others = [d for d in range(x.dim()) if d not in kept]
+        channel_shape = tuple(x.shape[d] for d in kept)
+        xc = x.permute(list(kept) + others).reshape(math.prod(channel_shape), -1)
+        amax_shape = [x.shape[d] if d in kept else 1 for d in range(x.dim())]
+        return xc, channel_shape, amax_shape
+
+    def collect(self, x):
+        """Adds ``|x|`` to the histogram(s)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"HistogramCalibrator.collect expects a tensor, got {type(x).__name__}")
+        with torch.no_grad():
+            self._collect(x.detach())
+
+    def _collect(self, x):
+        xc, channel_shape, amax_shape = self._as_channels(x)
+        if self._hist is not None and channel_shape and (channel_shape != self._channel_shape
+                                                         or x.dim() != self._ndim):
+            raise ValueError(
+                f"HistogramCalibrator: channels changed from {self._channel_shape} to {channel_shape} "
+                f"(a tensor of shape {tuple(x.shape)} with axis={self._axis})"
+            )
+        if xc.shape[1] == 0:
+            return
+        a = xc.abs()
+        if not a.is_floating_point():
+            a = a.float()
+        elif a.dtype in (torch.float16, torch.bfloat16):
+            a = a.float()
+        # The one device synchronisation: the maxima decide the bin layout.
+        batch_max = a.amax(dim=1).double().cpu()
+        if not bool(torch.isfinite(batch_max).all()):
+            raise ValueError("HistogramCalibrator.collect: the tensor holds inf or NaN values")
+
+        channels = xc.shape[0]
+        if self._hist is None:
+            self._hist = torch.zeros(channels, 1, dtype=torch.int64, device=x.device)
+            self._width = torch.zeros(channels, dtype=torch.float64)
+            self._used = torch.ones(channels, dtype=torch.int64)
+            self._max = torch.zeros(channels, dtype=torch.float64)
+            self._channel_shape, self._ndim = channel_shape, x.dim()
+            self._amax_shape = amax_shape
+        self._max = torch.maximum(self._max, batch_max)
+
+        fresh = (self._width == 0) & (batch_max > 0)
+        self._width = torch.where(fresh, batch_max / self._num_bins, self._width)
+        self._used = torch.where(fresh, torch.full_like(self._used, self._num_bins), self._used)
+        grown = ~fresh & (self._width > 0) & (batch_max > self._used * self._width)
+        if bool(grown.any()):
+            need = torch.ceil(batch_max / torch.where(grown, self._width, 1.0)).to(torch.int64)
+            self._used = torch.where(grown, torch.maximum(need, self._used), self._used)
+        bins = int(self._used.max())
+        if bins > self._hist.shape[1]:
+            pad = torch.zeros(channels, bins - self._hist.shape[1], dtype=torch.int64, device=self._hist.device)
+            self._hist = torch.cat([self._hist, pad], dim=1)
+
+        # torch.histc has no deterministic CUDA kernel; bincount (without weights) has.
+        if channels == 1 and not (a.is_cuda and torch.are_deterministic_algorithms_enabled()):
+            self._count_per_tensor(a[0], batch_max.item())
+        else:
+            self._count_per_channel(a)
+
+    def _count_per_tensor(self, a, batch_max):
+        used, width = int(self._used[0]), float(self._width[0])
+        if width == 0.0:  # only zeros so far: they all belong to bin 0
+            if not self._skip_zeros:
+                self._hist[0, 0] += a.numel()
+            return
+        # torch.histc in one pass; its float32 counts are exact below 2^24 per
+        # chunk, and are accumulated in int64. The top edge covers the batch max
+        # even where used * width rounds a hair below it.
+        top = max(used * width, batch_max)
+        counts = torch.zeros(used, dtype=torch.int64, device=a.device)
+        for part in torch.split(a, _HISTC_CHUNK):
+            counts += torch.histc(part, bins=used, min=0.0, max=top).to(torch.int64)
+            if self._skip_zeros:
+                counts[0] -= (part == 0).sum()
+        self._hist[0, :used] += counts
+
+    def _count_per_channel(self, a):
+        channels, bins = self._hist.shape
+        device = a.device
+        width = self._width.to(device=device, dtype=torch.float32)
+        # Channels that have only seen zeros have width 0: everything goes to bin 0.
+        inv_width = torch.where(width > 0, 1.0 / width, 0.0).unsqueeze(1)
+        last = (self._used - 1).to(device).unsqueeze(1)
+        offset = (torch.arange(channels, device=device) * bins).unsqueeze(1)
+        dump = channels * bins  # index of skipped zeros, dropped below
+        counts = torch.zeros(channels * bins + 1, dtype=torch.int64, device=device)
+        step = max(1, _CHUNK // channels)
+        for start in range(0, a.shape[1], step):
+            part = a[:, start:start + step]
+            # floor(x / width) as x * (1 / width): a value within a rounding error
+            # of an edge may land in the neighbouring bin, as with torch.histc.
+            idx = (part * inv_width).floor_().to(torch.int64)
+            idx = torch.minimum(idx, last).add_(offset)
+            if self._skip_zeros:
+                idx = torch.where(part == 0, dump, idx)
+            counts += torch.bincount(idx.flatten(), minlength=dump + 1)
+        self._hist += counts[:dump].view(channels, bins)
+
+    # -- amax ------------------------------------------------------------------
+    def compute_amax(self, method: str, *, stride: int = 1, start_bin: int = 128, percentile: float = 99.99):
+        """The amax chosen from the collected histogram(s).
+
+        Args:
+            method: ``"entropy"`` (minimise the KL divergence between the
+                histogram and its quantized version, as TensorRT), ``"mse"``
+                (minimise the quantization MSE of the bin centres),
+                ``"percentile"`` (clip that fraction of the values) or ``"max"``
+                (the largest value seen).
+
+        Keyword Args:
+            stride: step between candidate amax bins (entropy, mse). Default 1.
+            start_bin: first candidate bin (entropy, mse). Default 128.
+            percentile: in [0, 100]. Default 99.99.
+
+        Returns:
+            A float32 tensor on the collected tensors' device: 0-dimensional per
+            tensor, shaped like ``MaxCalibrator``'s amax per channel; or None if
+            nothing was collected.
+        """
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
+        stride = _check_positive_int(stride, "stride")
+        start_bin = _check_positive_int(start_bin, "start_bin", 0)
+        if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real) or not 0 <= percentile <= 100:
+            raise ValueError(f"percentile must be a number in [0, 100], got {percentile!r}")
+        if method in ("entropy", "mse") and not isinstance(self._num_bits, int):
+            raise NotImplementedError(
+                f"compute_amax({method!r}) needs integer num_bits, got {self._num_bits!r} (FP8 is not available yet)"
+            )
+        if self._hist is None:
+            return None
+
+        hist = self._hist.cpu()
+        with _one_thread():
+            out = self._search(hist, method, stride, start_bin, percentile)
+        amax = torch.tensor(out, dtype=torch.float32)
+        amax = amax.reshape(()) if not self._channel_shape else amax.reshape(self._amax_shape)
+        return amax.to(self._hist.device)
+
+    def _search(self, hist, method, stride, start_bin, percentile):
+        out = []
+        for c in range(hist.shape[0]):
+            n = int(self._used[c])
+            width = float(self._width[c])
+            h = hist[c, :n]
+            if width == 0.0:  # this channel has only seen zeros
+                out.append(0.0)
+                continue
+            if method == "max":
+                out.append(float(self._max[c]))
+            elif method == "percentile":
+                out.append(_percentile_amax(h, width, percentile))
+            elif method == "entropy":
+                out.append(_entropy_amax(h, width, self._num_bits, self._unsigned, stride, start_bin))
+            else:
+                out.append(_mse_amax(h, width, self._num_bits, self._unsigned, stride, start_bin))
+        return out
+
+    def __str__(self):
+        if self._hist is None:
+            return "HistogramCalibrator(calib_bin_edges=None)"
+        return (f"HistogramCalibrator(channels={self._hist.shape[0]}, bins={int(self._used.max())}, "
+                f"max={float(self._max.max()):.4g})")
+
+    def __repr__(self):
+        return (f"HistogramCalibrator({super().__repr__()} num_bins={self._num_bins} "
+                f"skip_zeros={self._skip_zeros} collected={self._hist is not None})")
+
+
+# --- amax searches on one histogram (int64 counts h, bins of width `width`) --------
+
+
+def _edge(k: int, width: float) -> float:
+    # float32 value of the k-th bin edge (what a float32 linspace holds).
+    return float(torch.tensor(k * width, dtype=torch.float32))
+
+
+def _percentile_amax(h: torch.Tensor, width: float, percentile: float) -> float:
+    """The first bin edge where the cumulative fraction reaches ``percentile`` %
+    (pytorch-quantization's rule: the lower edge of the bin that crosses it)."""
+    cdf = torch.cumsum(h.double() / float(h.sum()), 0)
+    idx = int(torch.searchsorted(cdf, torch.tensor([percentile / 100.0], dtype=torch.float64))[0])
+    return _edge(idx, width)
+
+
+def _entropy_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, stride: int,
+                  start_bin: int) -> float:
+    """TensorRT-style entropy calibration: the amax (a bin edge ``i``) whose
+    quantized histogram is closest in KL divergence to the reference one.
+
+    For each candidate ``i`` the reference is ``h[:i]`` with the tail ``h[i:]``
+    added to its last bin; the quantized one merges ``h[:i]`` into
+    ``2^(num_bits - 1 + unsigned)`` levels (bin ``j`` to level ``j * levels // i``)
+    and spreads each level's count evenly over its nonzero bins. As in
+    pytorch-quantization, ``h[0]`` is replaced by ``h[1]`` first and the last
+    of several minimal candidates wins.
+
+    The divergences of all candidates come from prefix sums: per level,
+    ``sum h_j log(h_j / mean)`` is ``sum h_j log h_j - S log(S / N)``, so the
+    cost is O(candidates x levels) instead of O(candidates x bins).
+    """
+    levels = 1 << (num_bits - 1 + int(unsigned))
+    h = h.to(torch.int64).clone()
+    n = h.numel()
+    if n > 1:
+        h[0] = h[1]
+    total = float(h.sum())
+    start = max(1, min(start_bin, n))
+    cand = torch.arange(start, n + 1, stride, dtype=torch.int64)  # candidate i (amax = edge i)
+
+    zero = torch.zeros(1, dtype=torch.int64)
+    csum = torch.cat([zero, torch.cumsum(h, 0)])  # exact counts
+    cnz = torch.cat([zero, torch.cumsum((h > 0).to(torch.int64), 0)])
+    hf = h.double()
+    hlogh = torch.where(h > 0, hf * torch.log(hf.clamp(min=1)), 0.0)
+    chl = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(hlogh, 0)])
+    k = torch.arange(levels + 1, dtype=torch.int64)
+
+    rows = max(1, _BLOCK // (levels + 1))
+    kl = torch.cat([_entropy_block(c, h, csum, cnz, chl, k, levels, total) for c in torch.split(cand, rows)])
+    best = cand.numel() - 1 - int(torch.argmin(torch.flip(kl, [0])))
+    return _edge(int(cand[best]), width)
+
+
+def _entropy_block(cand, h, csum, cnz, chl, k, levels, total):
+    """KL divergences of the candidates ``cand`` (see :func:`_entropy_amax`)."""
+    # Level k of candidate i covers bins [ceil(k i / L), ceil((k + 1) i / L)).
+    # (levels is a power of two: the division is a shift.)
+    shift = levels.bit_length() - 1
+    bounds = ((k.unsqueeze(0) * cand.unsqueeze(1) + (levels - 1)) >> shift).flatten()  # [R * (L + 1)]
+    shape = (cand.numel(), levels + 1)
+
+    def level_sums(prefix):
+        return torch.diff(prefix.gather(0, bounds).view(shape), dim=1)
+
+    s = level_sums(csum).double()
+    nz = level_sums(cnz)
+    has = nz > 0
+    log_mean = torch.log(torch.where(has, s / nz.clamp(min=1), 1.0))
+    within = torch.where(has, level_sums(chl) - s * log_mean, 0.0).sum(1)
+
+    # The last bin i - 1 also receives the tail: take it out of `within`, add it apart.
+    last = cand - 1
+    h_last = h.gather(0, last)
+    hl = h_last.double()
+    level_last = torch.div(last << shift, cand, rounding_mode="floor")
+    log_mean_last = log_mean.gather(1, level_last.unsqueeze(1)).squeeze(1)
+    within = within - torch.where(h_last > 0, hl * (torch.log(hl.clamp(min=1)) - log_mean_last), 0.0)
+
+    kept = csum[cand].double()  # counts below edge i: the quantized histogram's total
+    tail = total - kept
+    kl = within / total + (csum[last].double() / total) * torch.log(kept.clamp(min=1) / total)
+    p_last = (hl + tail) / total
+    q_last = torch.exp(log_mean_last) / kept.clamp(min=1)
+    last_term = torch.where(p_last > 0, p_last * torch.log(p_last / q_last), 0.0)
+    last_term = torch.where((h_last == 0) & (tail > 0), math.inf, last_term)
+    return torch.where(kept > 0, kl + last_term, math.inf)
+
+
+def _mse_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, stride: int,
+              start_bin: int) -> float:
+    """The bin centre that, used as amax, minimises the count-weighted squared
+    quantization error of the bin centres (pytorch-quantization's MSE rule,
+    with narrow range as its ``fake_tensor_quant`` default). Runs on the CPU."""
+    n = h.numel()
+    centers = ((torch.arange(n, dtype=torch.float64) + 0.5) * width).float()
+    counts = h.double()
+    start = min(start_bin, n - 1)
+    cand = torch.arange(start, n, stride, dtype=torch.int64)
+    rows = max(1, _BLOCK // n)
+    errors = []
+    for block in torch.split(cand, rows):
+        amax = centers[block].unsqueeze(1)
+        x = centers.unsqueeze(0).expand(block.numel(), n).contiguous()
+        q = ops.fake_quantize_amax(x, amax, num_bits, unsigned, True)
+        errors.append(((q - x).double().square() * counts).sum(1))
+    err = torch.cat(errors)
+    best = int(torch.argmin(err))
+    return float(centers[int(cand[best])])
+
+
+# --- weights -------------------------------------------------------------------
+
+
+def calibrate_weights(model, method="percentile", perchannel=True, percentile=99.99, num_bins=2048):
+    """Sets the weight amax of every quantized module in ``model`` from its weight.
+
+    Args:
+        model: a module holding quantized modules (with ``weight`` and ``weight_quantizer``).
+        method: ``"max"``, ``"percentile"``, ``"mse"`` or ``"entropy"``; this, not the
+            weight quantizer's own calibrator, decides the method.
+        perchannel: one amax per output channel (axis 1 for transposed
+            convolutions, 0 otherwise) if True, else one per tensor.
+        percentile: for ``method="percentile"``.
+        num_bins: histogram bins.
+    """
+    from ..nn.quant_conv import _QuantConvTransposeNd
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
+    for module in model.modules():
+        quantizer = getattr(module, "weight_quantizer", None) if hasattr(module, "_weight_quantizer") else None
+        weight = getattr(module, "weight", None)
+        if quantizer is None or not isinstance(weight, torch.Tensor):
+            continue
+        axis = (1 if isinstance(module, _QuantConvTransposeNd) else 0) if perchannel else None
+        calibrator = HistogramCalibrator(quantizer.num_bits, axis, quantizer.unsigned, num_bins=num_bins)
+        calibrator.collect(weight)
+        if method == "percentile":
+            amax = calibrator.compute_amax("percentile", percentile=percentile)
+        else:
+            amax = calibrator.compute_amax(method)
+        quantizer._set_amax_buffer(amax)

@@ -1,0 +1,83 @@
+"""Max calibrator: the absolute maximum over everything collected."""
+import torch
+
+from .calibrator import _Calibrator, normalize_kept_axes
+
+__all__ = ["MaxCalibrator"]
+
+
+class MaxCalibrator(_Calibrator):
+    """Tracks ``max(|x|)`` over all collected tensors, per tensor or per ``axis``.
+
+    Args:
+        num_bits, axis, unsigned: see :class:`~fakequant.calib.calibrator._Calibrator`.
+        track_amax: keep every collected tensor's own amax in :attr:`amaxs`.
+
+    The amax has the collected tensor's rank with size 1 on reduced axes
+    (``(C, 1, 1, 1)`` for ``axis=0`` on a conv weight), or is 0-dimensional
+    per tensor, and lives on the collected tensors' device. Collecting does
+    not synchronise with the device (unless ``track_amax``).
+    """
+
+    def __init__(self, num_bits=8, axis=None, unsigned=False, track_amax=False):
+        super().__init__(num_bits, axis, unsigned)
+        if not isinstance(track_amax, bool):
+            raise TypeError(f"track_amax must be a bool, got {track_amax!r}")
+        self._track_amax = track_amax
+        self._amaxs = [] if track_amax else None
+        self._calib_amax = None
+
+    @property
+    def amaxs(self):
+        """The amax of each collected tensor (CPU tensors), if ``track_amax``."""
+        return self._amaxs
+
+    def collect(self, x):
+        """Updates the running amax with tensor ``x``."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MaxCalibrator.collect expects a tensor, got {type(x).__name__}")
+        with torch.no_grad():
+            x = x.detach()
+            kept = normalize_kept_axes(self._axis, x.dim())
+            reduce_dims = [d for d in range(x.dim()) if d not in kept]
+            if not reduce_dims:
+                local = x.abs()
+            elif len(reduce_dims) == x.dim():
+                lo, hi = torch.aminmax(x)
+                local = torch.maximum(hi, -lo)
+            else:
+                local = x.abs().amax(dim=reduce_dims, keepdim=True)
+            # float32 whatever the input: the amax the operators take (and a stable
+            # accumulator across float16 / bfloat16 / float32 batches).
+            local = local.float()
+            if local.numel() == 1:
+                local = local.reshape(())
+            if self._calib_amax is None:
+                self._calib_amax = local.clone()
+            else:
+                if local.shape != self._calib_amax.shape:
+                    raise ValueError(
+                        f"MaxCalibrator: amax shape changed from {tuple(self._calib_amax.shape)} to "
+                        f"{tuple(local.shape)} (a tensor of shape {tuple(x.shape)} with axis={self._axis})"
+                    )
+                if local.device != self._calib_amax.device:
+                    local = local.to(self._calib_amax.device)
+                torch.maximum(self._calib_amax, local, out=self._calib_amax)
+            if self._track_amax:
+                self._amaxs.append(local.cpu())
+
+    def reset(self):
+        """Forgets the collected amax."""
+        self._calib_amax = None
+        if self._track_amax:
+            self._amaxs = []
+
+    def compute_amax(self):
+        """The amax of everything collected, or None if nothing was."""
+        return self._calib_amax
+
+    def __str__(self):
+        return f"MaxCalibrator(track_amax={self._track_amax})"
+
+    def __repr__(self):
+        return f"MaxCalibrator({super().__repr__()} calib_amax={self._calib_amax} track_amax={self._track_amax})"

@@ -1,0 +1,112 @@
+"""Mixins that give a module its input (and weight) quantizers."""
+import copy
+
+from torch import nn
+
+from ..tensor_quant import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
+from .tensor_quantizer import TensorQuantizer
+
+__all__ = ["QuantMixin", "QuantInputMixin", "pop_quant_desc_in_kwargs"]
+
+
+def _check_desc(value, name):
+    if not isinstance(value, QuantDescriptor):
+        raise TypeError(f"{name} must be a QuantDescriptor, got {value!r} ({type(value).__name__})")
+    if not value.fake_quant:
+        raise ValueError(f"{name}: quantized modules support fake quantization only, got fake_quant=False")
+    return value
+
+
+class QuantInputMixin:
+    """Adds an input quantizer (``_input_quantizer``) to a module.
+
+    Class attribute ``default_quant_desc_input`` is the descriptor used when
+    the constructor gets no ``quant_desc_input``; set it per class with
+    :meth:`set_default_quant_desc_input`.
+    """
+
+    default_quant_desc_input = QUANT_DESC_8BIT_PER_TENSOR
+
+    @classmethod
+    def set_default_quant_desc_input(cls, value):
+        """Sets this class's default input descriptor (a copy of ``value``)."""
+        cls.default_quant_desc_input = copy.deepcopy(_check_desc(value, "quant_desc_input"))
+
+    def init_quantizer(self, quant_desc_input):
+        """Creates ``self._input_quantizer`` from ``quant_desc_input``."""
+        _check_desc(quant_desc_input, "quant_desc_input")
+        self._fake_quant = True
+        self._input_quantizer = TensorQuantizer(quant_desc_input)
+
+    @property
+    def input_quantizer(self):
+        return self._input_quantizer
+
+
+class QuantMixin:
+    """Adds input and weight quantizers (``_input_quantizer``, ``_weight_quantizer``).
+
+    Class attributes ``default_quant_desc_input`` / ``default_quant_desc_weight``
+    are used when the constructor gets no descriptors; set them per class with
+    :meth:`set_default_quant_desc_input` / :meth:`set_default_quant_desc_weight`.
+    """
+
+    default_quant_desc_input = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_weight = QUANT_DESC_8BIT_PER_TENSOR
+
+    @classmethod
+    def set_default_quant_desc_input(cls, value):
+        """Sets this class's default input descriptor (a copy of ``value``)."""
+        cls.default_quant_desc_input = copy.deepcopy(_check_desc(value, "quant_desc_input"))
+
+    @classmethod
+    def set_default_quant_desc_weight(cls, value):
+        """Sets this class's default weight descriptor (a copy of ``value``)."""
+        cls.default_quant_desc_weight = copy.deepcopy(_check_desc(value, "quant_desc_weight"))
+
+    def init_quantizer(self, quant_desc_input, quant_desc_weight, num_layers=None):
+        """Creates the quantizers: ``_input_quantizer`` and ``_weight_quantizer``,
+        or with ``num_layers`` the lists ``_input_quantizers`` / ``_weight_quantizers``."""
+        _check_desc(quant_desc_input, "quant_desc_input")
+        _check_desc(quant_desc_weight, "quant_desc_weight")
+        self._fake_quant = True
+        if num_layers is None:
+            self._input_quantizer = TensorQuantizer(quant_desc_input)
+            self._weight_quantizer = TensorQuantizer(quant_desc_weight)
+        else:
+            if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+                raise ValueError(f"num_layers must be a positive int or None, got {num_layers!r}")
+            self._input_quantizers = nn.ModuleList(TensorQuantizer(quant_desc_input) for _ in range(num_layers))
+            self._weight_quantizers = nn.ModuleList(TensorQuantizer(quant_desc_weight) for _ in range(num_layers))
+
+    @property
+    def input_quantizer(self):
+        return self._input_quantizer
+
+    @property
+    def weight_quantizer(self):
+        return self._weight_quantizer
+
+
+def take_quant_descs(quant_cls, kwargs, input_only=False):
+    """Pops ``quant_desc_input`` (and ``quant_desc_weight``) from the dict
+    ``kwargs`` (defaults: ``quant_cls``'s), leaving the other keys."""
+    desc_input = kwargs.pop("quant_desc_input", quant_cls.default_quant_desc_input)
+    if input_only:
+        if "quant_desc_weight" in kwargs:
+            raise TypeError(f"{quant_cls.__name__} quantizes its input only; it takes no quant_desc_weight")
+        return desc_input
+    return desc_input, kwargs.pop("quant_desc_weight", quant_cls.default_quant_desc_weight)
+
+
+def pop_quant_desc_in_kwargs(quant_cls, input_only=False, **kwargs):
+    """The descriptors in ``kwargs`` (or ``quant_cls``'s defaults):
+    ``quant_desc_input``, or ``(quant_desc_input, quant_desc_weight)``.
+
+    Raises:
+        TypeError: if ``kwargs`` holds other keys.
+    """
+    descs = take_quant_descs(quant_cls, kwargs, input_only)
+    if kwargs:
+        raise TypeError(f"unused keyword arguments: {sorted(kwargs)}")
+    return descs

@@ -1,0 +1,56 @@
+"""Functional helpers of the quantized modules."""
+import torch
+
+__all__ = ["ClipFunction", "clip"]
+
+
+class ClipFunction(torch.autograd.Function):
+    """``clip(input, clip_value_min, clip_value_max)``: ``input`` clamped to
+    ``[clip_value_min, clip_value_max]`` (tensors broadcast to ``input``).
+
+    Gradients follow PACT (https://arxiv.org/abs/1805.06085), as TensorFlow's
+    ``clip_by_value``: ``input`` gets the gradient strictly inside the range;
+    a learnable (scalar) bound gets the sum of the gradient where the input
+    reached it. Only two boolean masks are saved, not the input.
+    """
+
+    @staticmethod
+    def forward(ctx, input, clip_value_min, clip_value_max):
+        lo = clip_value_min.to(input.dtype)
+        hi = clip_value_max.to(input.dtype)
+        below = input <= lo
+        above = input >= hi
+        ctx.save_for_backward(below, above)
+        ctx.min_dtype = clip_value_min.dtype
+        ctx.max_dtype = clip_value_max.dtype
+        return torch.minimum(torch.maximum(input, lo), hi)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        below, above = ctx.saved_tensors
+        grad_input = grad_min = grad_max = None
+        if ctx.needs_input_grad[0]:
+            grad_input = grad_output.masked_fill(below | above, 0)
+        # Sum in float32 at least, so that float16 gradients do not overflow.
+        acc = torch.promote_types(grad_output.dtype, torch.float32)
+        if ctx.needs_input_grad[1]:
+            grad_min = torch.where(below, grad_output, 0).sum(dtype=acc).to(ctx.min_dtype)
+        if ctx.needs_input_grad[2]:
+            grad_max = torch.where(above, grad_output, 0).sum(dtype=acc).to(ctx.max_dtype)
+        return grad_input, grad_min, grad_max
+
+
+def _as_bound(value, like, name):
+    if isinstance(value, torch.Tensor):
+        return value if value.device == like.device else value.to(like.device)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a tensor or a number, got {type(value).__name__}")
+    return torch.tensor(float(value), dtype=torch.float32, device=like.device)
+
+
+def clip(input, clip_value_min, clip_value_max):
+    """Clamps ``input`` to ``[clip_value_min, clip_value_max]`` with PACT gradients
+    for the bounds (see :class:`ClipFunction`). Bounds may be numbers or tensors."""
+    lo = _as_bound(clip_value_min, input, "clip_value_min")
+    hi = _as_bound(clip_value_max, input, "clip_value_max")
+    return ClipFunction.apply(input, lo, hi)

@@ -1,0 +1,119 @@
+"""Quantized convolutions: the float modules applied to fake-quantized input and weight.
+
+Each class subclasses its ``torch.nn`` counterpart (same constructor, same
+``weight``/``bias``, so pretrained weights load and ``isinstance(m, nn.Conv2d)``
+holds) and adds ``_input_quantizer`` / ``_weight_quantizer``. Descriptors come
+from the keyword arguments ``quant_desc_input`` / ``quant_desc_weight`` or the
+class defaults (per-tensor input, per-output-channel weight).
+"""
+from torch import nn
+from torch.nn import functional as F
+
+from .. import tensor_quant
+from . import _utils
+
+__all__ = [
+    "Conv1d", "QuantConv1d", "Conv2d", "QuantConv2d", "Conv3d", "QuantConv3d",
+    "ConvTranspose1d", "QuantConvTranspose1d", "ConvTranspose2d", "QuantConvTranspose2d",
+    "ConvTranspose3d", "QuantConvTranspose3d",
+]
+
+
+class _QuantConvNd(_utils.QuantMixin):
+    """Shared forward of QuantConv1d/2d/3d."""
+
+    default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
+
+    def __init__(self, *args, **kwargs):
+        quant_desc_input, quant_desc_weight = _utils.take_quant_descs(type(self), kwargs)
+        super().__init__(*args, **kwargs)
+        self.init_quantizer(quant_desc_input, quant_desc_weight)
+
+    def _quant(self, input):
+        """``(quantized input, quantized weight)``."""
+        return self._input_quantizer(input), self._weight_quantizer(self.weight)
+
+    def forward(self, input):
+        quant_input, quant_weight = self._quant(input)
+        # _conv_forward handles every padding_mode (zeros, reflect, replicate, circular).
+        return self._conv_forward(quant_input, quant_weight, self.bias)
+
+
+class QuantConv1d(_QuantConvNd, nn.Conv1d):
+    """Quantized ``nn.Conv1d``."""
+
+    default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL
+
+
+class QuantConv2d(_QuantConvNd, nn.Conv2d):
+    """Quantized ``nn.Conv2d``."""
+
+    default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
+
+
+class QuantConv3d(_QuantConvNd, nn.Conv3d):
+    """Quantized ``nn.Conv3d``."""
+
+    default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
+
+
+class _QuantConvTransposeNd(_utils.QuantMixin):
+    """Shared forward of QuantConvTranspose1d/2d/3d."""
+
+    default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
+    _num_spatial_dims = 0
+    _conv_transpose = None
+
+    def __init__(self, *args, **kwargs):
+        quant_desc_input, quant_desc_weight = _utils.take_quant_descs(type(self), kwargs)
+        super().__init__(*args, **kwargs)
+        self.init_quantizer(quant_desc_input, quant_desc_weight)
+
+    def _quant(self, input):
+        """``(quantized input, quantized weight)``."""
+        return self._input_quantizer(input), self._weight_quantizer(self.weight)
+
+    def forward(self, input, output_size=None):
+        if self.padding_mode != "zeros":
+            raise ValueError(f"{type(self).__name__} supports padding_mode='zeros' only, got {self.padding_mode!r}")
+        output_padding = self._output_padding(
+            input, output_size, self.stride, self.padding, self.kernel_size, self._num_spatial_dims, self.dilation
+        )
+        quant_input, quant_weight = self._quant(input)
+        return type(self)._conv_transpose(
+            quant_input, quant_weight, self.bias, self.stride, self.padding, output_padding, self.groups,
+            self.dilation,
+        )
+
+
+class QuantConvTranspose1d(_QuantConvTransposeNd, nn.ConvTranspose1d):
+    """Quantized ``nn.ConvTranspose1d``."""
+
+    default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL
+    _num_spatial_dims = 1
+    _conv_transpose = staticmethod(F.conv_transpose1d)
+
+
+class QuantConvTranspose2d(_QuantConvTransposeNd, nn.ConvTranspose2d):
+    """Quantized ``nn.ConvTranspose2d``."""
+
+    default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
+    _num_spatial_dims = 2
+    _conv_transpose = staticmethod(F.conv_transpose2d)
+
+
+class QuantConvTranspose3d(_QuantConvTransposeNd, nn.ConvTranspose3d):
+    """Quantized ``nn.ConvTranspose3d``."""
+
+    default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL
+    _num_spatial_dims = 3
+    _conv_transpose = staticmethod(F.conv_transpose3d)
+
+
+# Short names, so that `quant_nn.Conv2d` drops into code written for `nn.Conv2d`.
+Conv1d = QuantConv1d
+Conv2d = QuantConv2d
+Conv3d = QuantConv3d
+ConvTranspose1d = QuantConvTranspose1d
+ConvTranspose2d = QuantConvTranspose2d
+ConvTranspose3d = QuantConvTranspose3d

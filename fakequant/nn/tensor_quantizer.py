@@ -1,0 +1,515 @@
+"""``TensorQuantizer``: the module that quantizes one tensor of a network."""
+import warnings
+
+import torch
+from torch import nn
+
+from .. import ops
+from ..calib import HistogramCalibrator, MaxCalibrator
+from ..tensor_quant import QuantDescriptor, check_num_bits, scaled_e4m3, tensor_quant
+from ..utils.reduce_amax import reduce_amax
+from .clip import Clip
+
+__all__ = ["TensorQuantizer"]
+
+
+def _as_float_tensor(value, name):
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, an array or a tensor, got a bool")
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+    else:
+        try:
+            t = torch.tensor(value)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"{name}={value!r} cannot be read as a tensor: {e}") from None
+    return t.to(torch.float32) if not t.is_floating_point() or t.dtype != torch.float32 else t
+
+
+class TensorQuantizer(nn.Module):
+    """Quantizes a tensor as its :class:`~fakequant.tensor_quant.QuantDescriptor` says.
+
+    Three stages, each switched on and off: ``calib`` (feed the calibrator),
+    ``clip`` (clamp to the learned range, with ``learn_amax``) and ``quant``
+    (fake-quantize). The whole module can be bypassed with :meth:`disable`.
+
+    Args:
+        quant_desc: a QuantDescriptor. Default: 8-bit per tensor.
+        disabled: bypass the module (return the input). Default False.
+        if_quant: run the quantization stage. Default True.
+        if_clip: run the clip stage (needs ``learn_amax``). Default False.
+        if_calib: run the calibration stage. Default False.
+
+    State: the ``_amax`` buffer once amax is known (from the descriptor, a
+    calibrator, the ``amax`` setter or a checkpoint); without it amax is
+    computed from each input (dynamic). ``_pre_quant_scale`` multiplies the
+    input first when set. With ``learn_amax`` the range is the parameters
+    ``clip.clip_value_min`` / ``clip.clip_value_max``. These are the state_dict
+    keys of pytorch-quantization, whose checkpoints load here on any device.
+    """
+
+    # Class-wide switch: quantize with torch's own fake_quantize_per_*_affine
+    # (full integer range), which torch.onnx exports as QuantizeLinear/DequantizeLinear.
+    use_fb_fake_quant = False
+    # Set by quant_modules.enable_onnx_export(): check that every quantizer is calibrated.
+    _enable_onnx_export = False
+
+    def __init__(self, quant_desc=QuantDescriptor(), disabled=False, if_quant=True, if_clip=False, if_calib=False):
+        super().__init__()
+        if not isinstance(quant_desc, QuantDescriptor):
+            raise TypeError(f"quant_desc must be a QuantDescriptor, got {type(quant_desc).__name__}")
+        for name, value in (("disabled", disabled), ("if_quant", if_quant), ("if_clip", if_clip),
+                            ("if_calib", if_calib)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        self._num_bits = quant_desc.num_bits
+        self._fake_quant = quant_desc.fake_quant
+        self._axis = quant_desc.axis
+        self._scale_amax = quant_desc.scale_amax
+        self._learn_amax = quant_desc.learn_amax
+        self._unsigned = quant_desc.unsigned
+        self._narrow_range = quant_desc.narrow_range
+        block_sizes = quant_desc.block_sizes or {}
+        if block_sizes.get("scale_bits") is not None or block_sizes.get("scale_block_sizes") is not None:
+            raise NotImplementedError("block_sizes with scale_bits / scale_block_sizes (double quantization) "
+                                      "is not implemented")
+        self._block_sizes = {k: v for k, v in block_sizes.items() if isinstance(k, int)} or None
+        self._dynamic = quant_desc.dynamic or block_sizes.get("type") == "dynamic"
+
+        self._scale = None if not quant_desc.fake_quant else 1.0
+        self._disabled = disabled
+        self._if_quant = if_quant
+        self._if_clip = False
+        self._if_calib = False
+
+        if quant_desc.amax is not None:
+            self.register_buffer("_amax", quant_desc.amax.to(torch.float32))
+
+        if self._learn_amax:
+            init_amax = float(quant_desc.amax.reshape(())) if quant_desc.amax is not None else 1.0
+            self.clip = Clip(-init_amax, init_amax, learn_min=True, learn_max=True)
+            self.enable_clip()
+        if if_clip:
+            self.enable_clip()
+
+        if quant_desc.calib_method == "histogram":
+            self._calibrator = HistogramCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
+        else:
+            self._calibrator = MaxCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
+        if if_calib:
+            self.enable_calib()
+
+    # -- properties ----------------------------------------------------------------
+    @property
+    def num_bits(self):
+        return self._num_bits
+
+    @num_bits.setter
+    def num_bits(self, value):
+        self._num_bits = check_num_bits(value)
+        if self._calibrator is not None:
+            self._calibrator._num_bits = self._num_bits
+
+    @property
+    def maxbound(self):
+        """The largest quantized value: ``2^(num_bits - 1 + unsigned) - 1`` (448 for E4M3)."""
+        if isinstance(self._num_bits, tuple):
+            return 448.0
+        return (1 << (self._num_bits - 1 + int(self._unsigned))) - 1
+
+    @property
+    def unsigned(self):
+        return self._unsigned
+
+    @unsigned.setter
+    def unsigned(self, value):
+        if not isinstance(value, bool):
+            raise TypeError(f"unsigned must be a bool, got {value!r}")
+        self._unsigned = value
+        if self._calibrator is not None:
+            self._calibrator._unsigned = value
+
+    @property
+    def narrow_range(self):
+        return self._narrow_range
+
+    @narrow_range.setter
+    def narrow_range(self, value):
+        if not isinstance(value, bool):
+            raise TypeError(f"narrow_range must be a bool, got {value!r}")
+        self._narrow_range = value
+
+    @property
+    def scale(self):
+        """The scale of the last real (``fake_quant=False``) quantization; 1.0 in fake mode."""
+        if self._scale is None:
+            warnings.warn("TensorQuantizer.scale read before any tensor was quantized", stacklevel=2)
+        return self._scale
+
+    @property
+    def pre_quant_scale(self):
+        return self._buffers.get("_pre_quant_scale")
+
+    @pre_quant_scale.setter
+    def pre_quant_scale(self, value):
+        if value is None:
+            self._buffers.pop("_pre_quant_scale", None)
+            return
+        value = _as_float_tensor(value, "pre_quant_scale")
+        old = self._buffers.get("_pre_quant_scale")
+        if old is None:
+            self.register_buffer("_pre_quant_scale", value.clone())
+        elif old.shape != value.shape:
+            raise ValueError(f"pre_quant_scale has shape {tuple(old.shape)}; cannot set a value of shape "
+                             f"{tuple(value.shape)}")
+        else:
+            old.copy_(value)
+
+    @property
+    def amax(self):
+        """The ``_amax`` buffer, or None while amax is dynamic."""
+        return self._buffers.get("_amax")
+
+    @amax.setter
+    def amax(self, value):
+        # None returns the quantizer to dynamic amax.
+        if value is None:
+            self._buffers.pop("_amax", None)
+            return
+        value = _as_float_tensor(value, "amax")
+        old = self._buffers.get("_amax")
+        if old is None:
+            self.register_buffer("_amax", value.clone().to(self._state_device(value.device)))
+        elif old.shape != value.shape:
+            raise ValueError(f"amax has shape {tuple(old.shape)}; cannot set a value of shape {tuple(value.shape)} "
+                             "(set amax = None first to change its shape)")
+        else:
+            old.copy_(value)
+
+    @property
+    def step_size(self):
+        """``amax / maxbound``, or None while amax is dynamic."""
+        amax = self.amax
+        if amax is None:
+            return None
+        return amax / float(self.maxbound)
+
+    @property
+    def axis(self):
+        return self._axis
+
+    @property
+    def block_sizes(self):
+        return None if self._block_sizes is None else dict(self._block_sizes)
+
+    @property
+    def fake_quant(self):
+        return self._fake_quant
+
+    @property
+    def learn_amax(self):
+        return self._learn_amax
+
+    @property
+    def dynamic(self):
+        return self._dynamic
+
+    # -- switches --------------------------------------------------------------------
+    def disable(self):
+        """Bypass the module: forward returns its input."""
+        self._disabled = True
+
+    def enable(self):
+        self._disabled = False
+
+    def disable_clip(self):
+        """Stop the clip stage (and the learning of the clip range)."""
+        self._if_clip = False
+        clip = getattr(self, "clip", None)
+        if clip is not None:
+            clip.clip_value_min.requires_grad_(False)
+            clip.clip_value_max.requires_grad_(False)
+
+    def enable_clip(self):
+        """Run the clip stage, learning the range (needs ``learn_amax=True``)."""
+        if not self._learn_amax:
+            raise ValueError("enable_clip needs a quantizer created with learn_amax=True")
+        self.clip.clip_value_min.requires_grad_(True)
+        self.clip.clip_value_max.requires_grad_(True)
+        self._if_clip = True
+
+    def disable_calib(self):
+        self._if_calib = False
+
+    def enable_calib(self):
+        """Feed every input to the calibrator."""
+        if self._calibrator is None:
+            raise ValueError("this quantizer has no calibrator; cannot enable calibration")
+        self._if_calib = True
+
+    def disable_quant(self):
+        self._if_quant = False
+
+    def enable_quant(self):
+        self._if_quant = True
+
+    # -- amax ------------------------------------------------------------------------
+    def _state_device(self, default):
+        for t in list(self._buffers.values()) + list(self.parameters()):
+            if t is not None:
+                return t.device
+        return default
+
+    def _set_amax_buffer(self, value):
+        """Sets ``_amax`` to ``value``, whatever the current shape."""
+        value = _as_float_tensor(value, "amax").clone()
+        old = self._buffers.get("_amax")
+        if old is not None and old.shape == value.shape:
+            old.copy_(value)
+        else:
+            device = old.device if old is not None else value.device
+            self._buffers.pop("_amax", None)
+            self.register_buffer("_amax", value.to(device))
+
+    def load_calib_amax(self, *args, strict=True, **kwargs):
+        """Sets amax from the calibrator: ``compute_amax(*args, **kwargs)``.
+
+        Args:
+            strict: if True (default) a calibrator that has seen nothing raises
+                RuntimeError; if False it warns and the quantizer keeps its amax
+                (dynamic if it had none).
+        """
+        calibrator = getattr(self, "_calibrator", None)
+        if calibrator is None:
+            raise RuntimeError("this quantizer has no calibrator")
+        if isinstance(calibrator, MaxCalibrator):
+            method = kwargs.pop("method", args[0] if args else "max")
+            if method != "max" or len(args) > 1 or kwargs:
+                raise TypeError(f"a MaxCalibrator computes the max only; got method={method!r}, "
+                                f"extra arguments {args[1:]} {sorted(kwargs)}")
+            calib_amax = calibrator.compute_amax()
+        else:
+            calib_amax = calibrator.compute_amax(*args, **kwargs)
+        if calib_amax is None:
+            message = "the calibrator has not collected any tensor"
+            if strict:
+                raise RuntimeError(message + "; pass strict=False to load_calib_amax() to skip it")
+            warnings.warn(message + "; amax left unchanged", stacklevel=2)
+            return
+        self._set_amax_buffer(calib_amax)
+
+    def init_learn_amax(self):
+        """Initialises the learned range ``[-amax, amax]`` from ``_amax`` (its max if per channel)."""
+        if not self._learn_amax:
+            raise RuntimeError("init_learn_amax needs a quantizer created with learn_amax=True")
+        amax = self.amax
+        if amax is None:
+            raise RuntimeError("init_learn_amax needs an amax: calibrate (load_calib_amax) or set amax first")
+        init = amax.max() if amax.numel() != 1 else amax.reshape(())
+        with torch.no_grad():
+            self.clip.clip_value_min.copy_(-init)
+            self.clip.clip_value_max.copy_(init)
+
+    def _kept_axes(self, ndim):
+        axes = self._axis if isinstance(self._axis, tuple) else (self._axis,)
+        kept = []
+        for a in axes:
+            if not -ndim <= a < ndim:
+                raise ValueError(f"quantizer axis {a} is out of range for an input with {ndim} dimensions")
+            kept.append(a % ndim)
+        return kept
+
+    def _get_amax(self, inputs):
+        """amax from the buffer, or computed from ``inputs`` when dynamic."""
+        amax = self._buffers.get("_amax")
+        if amax is None or self._dynamic:
+            if self._axis is None:
+                amax = reduce_amax(inputs, axis=None)
+            else:
+                kept = self._kept_axes(inputs.dim())
+                reduce_dims = tuple(d for d in range(inputs.dim()) if d not in kept)
+                amax = reduce_amax(inputs, axis=reduce_dims, keepdims=True) if reduce_dims else inputs.abs()
+        else:
+            if amax.device != inputs.device:
+                # amax loaded or calibrated on another device: move it for good.
+                amax = amax.to(inputs.device)
+                self._buffers["_amax"] = amax
+            amax = self._broadcastable(amax, inputs)
+        amax = amax.detach()
+        if self._scale_amax is not None:
+            amax = amax * self._scale_amax
+        return amax
+
+    def _broadcastable(self, amax, inputs):
+        # A per-channel amax stored flat (shape (C,)) is laid along the quantizer's axis.
+        if amax.dim() == 1 and amax.numel() > 1 and isinstance(self._axis, int) and inputs.dim() > 1:
+            shape = [1] * inputs.dim()
+            shape[self._axis % inputs.dim()] = amax.numel()
+            return amax.reshape(shape)
+        return amax
+
+    # -- block quantization -------------------------------------------------------------
+    def _blocked_view(self, inputs):
+        """``inputs`` reshaped so that each block is a trailing run of one axis,
+        with the positions of the within-block axes."""
+        shape, inner = [], []
+        nd = inputs.dim()
+        blocks = {}
+        for axis, size in self._block_sizes.items():
+            if not -nd <= axis < nd:
+                raise ValueError(f"block_sizes axis {axis} is out of range for an input with {nd} dimensions")
+            blocks[axis % nd] = size
+        for d, n in enumerate(inputs.shape):
+            if d not in blocks:
+                shape.append(n)
+                continue
+            size = n if blocks[d] is None else blocks[d]
+            if n % size:
+                raise ValueError(f"block_sizes[{d}] = {size} does not divide the input's size {n} along axis {d}")
+            shape += [n // size, size]
+            inner.append(len(shape) - 1)
+        return inputs.reshape(shape), inner
+
+    def _block_amax(self, blocked, inner):
+        amax = self._buffers.get("_amax")
+        if amax is None or self._dynamic:
+            return reduce_amax(blocked, axis=tuple(inner), keepdims=True).detach().reshape(
+                [1 if d in inner else n for d, n in enumerate(blocked.shape)])
+        amax = amax.to(blocked.device) if amax.device != blocked.device else amax
+        return amax.detach()
+
+    # -- forward ------------------------------------------------------------------------
+    def _fb_fake_quant(self, inputs, amax):
+        """torch's native fake quantization on the full integer range (exports to ONNX QDQ)."""
+        bound = self.maxbound
+        qmin = 0 if self._unsigned else -bound - 1
+        if amax.numel() == 1:
+            scale = max(float(amax), 2.0 ** -24) / bound
+            return torch.fake_quantize_per_tensor_affine(inputs, scale, 0, qmin, bound)
+        flat = amax.detach().squeeze()
+        if flat.dim() != 1:
+            raise ValueError(f"torch's per-channel fake quantization takes one axis; amax has shape {tuple(amax.shape)}")
+        axis = list(amax.shape).index(flat.numel())
+        scale = (flat.float().clamp(min=2.0 ** -24) / bound).to(inputs.device)
+        zero_point = torch.zeros_like(scale, dtype=torch.int32)
+        return torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, axis, qmin, bound)
+
+    def _quantize(self, inputs, amax):
+        if isinstance(self._num_bits, tuple):
+            return scaled_e4m3(inputs, amax, *self._num_bits)
+        if not self._fake_quant:
+            outputs, self._scale = tensor_quant(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
+            return outputs
+        if TensorQuantizer.use_fb_fake_quant:
+            return self._fb_fake_quant(inputs, amax)
+        return ops.fake_quantize_amax(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
+
+    def _quant_forward(self, inputs):
+        if self._learn_amax:
+            inputs = self.clip(inputs)
+            amax = torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach()
+            return self._quantize(inputs, amax)
+        if self._block_sizes is not None:
+            blocked, inner = self._blocked_view(inputs)
+            amax = self._block_amax(blocked, inner)
+            if self._scale_amax is not None:
+                amax = amax * self._scale_amax
+            return self._quantize(blocked, amax).reshape(inputs.shape)
+        return self._quantize(inputs, self._get_amax(inputs))
+
+    def _collect(self, inputs):
+        if self._calibrator is None:
+            raise RuntimeError("calibration is on but this quantizer has no calibrator")
+        if self._block_sizes is not None:
+            blocked, inner = self._blocked_view(inputs.detach())
+            self._calibrator._axis = tuple(d for d in range(blocked.dim()) if d not in inner)
+            self._calibrator.collect(blocked)
+        else:
+            self._calibrator.collect(inputs.detach())
+
+    def _check_onnx_readiness(self, inputs):
+        if self._disabled or not self._if_quant:
+            return
+        if self.amax is None and not self._learn_amax:
+            raise RuntimeError("ONNX export needs calibrated quantizers: this TensorQuantizer has no amax "
+                               "(calibrate and load_calib_amax() first)")
+        if self._if_calib:
+            warnings.warn("a TensorQuantizer is still calibrating during ONNX export", stacklevel=3)
+
+    def forward(self, inputs):
+        """Quantizes ``inputs`` (after the optional calibration and clip stages)."""
+        if TensorQuantizer._enable_onnx_export:
+            self._check_onnx_readiness(inputs)
+        pre_quant_scale = self._buffers.get("_pre_quant_scale")
+        if pre_quant_scale is not None:
+            inputs = inputs * pre_quant_scale.to(device=inputs.device, dtype=inputs.dtype)
+        if self._disabled:
+            return inputs
+        outputs = inputs
+        if self._if_calib:
+            self._collect(inputs)
+        if self._if_clip:
+            if not self._learn_amax:
+                raise RuntimeError("the clip stage needs learn_amax=True")
+            outputs = self.clip(inputs)
+        if self._if_quant:
+            outputs = self._quant_forward(inputs)
+        return outputs
+
+    # -- printing and loading ----------------------------------------------------------
+    def _short_amax(self, fmt=".4f"):
+        amax = self.amax
+        if amax is None:
+            return "dynamic"
+        if amax.numel() == 1:
+            return f"{amax.item():{fmt}}"
+        return f"[{amax.min().item():{fmt}}, {amax.max().item():{fmt}}]({amax.numel()})"
+
+    def extra_repr(self):
+        if self._disabled:
+            return "disabled"
+        s = ("unsigned " if self._unsigned else "") + f"{self._num_bits}bit"
+        s += " narrow" if self._narrow_range else ""
+        s += " fake" if self._fake_quant else ""
+        s += f" axis={self._axis}" if self._axis is not None else " per-tensor"
+        s += f" block_sizes={self._block_sizes}" if self._block_sizes is not None else ""
+        s += f" amax={self._short_amax()}"
+        s += " dynamic-amax" if self._dynamic else ""
+        s += f" *{self._scale_amax}" if self._scale_amax else ""
+        s += " pre_quant_scale" if self.pre_quant_scale is not None else ""
+        s += " learned" if self._learn_amax else ""
+        s += f" calibrator={type(self._calibrator).__name__}" if self._calibrator is not None else ""
+        s += f" scale={self._scale}" if self._scale is not None and not self._fake_quant else ""
+        s += " quant" if self._if_quant else ""
+        s += " clip" if self._if_clip else ""
+        s += " calib" if self._if_calib else ""
+        return s
+
+    def _apply(self, fn, recurse=True):
+        # model.half() / .bfloat16() would round amax to 8 or 11 bits of mantissa,
+        # moving every quantization step; keep it float32 (devices still follow).
+        amax = self._buffers.get("_amax")
+        out = super()._apply(fn, recurse)
+        moved = self._buffers.get("_amax")
+        if amax is not None and moved is not None and moved.dtype != amax.dtype and amax.dtype == torch.float32:
+            self._buffers["_amax"] = amax.to(moved.device)
+        return out
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # amax and pre_quant_scale are data, not architecture: a checkpoint may
+        # bring them to a quantizer that has none yet (still dynamic), or with
+        # another shape (per channel instead of per tensor). Make room for them
+        # on this module's device (pytorch-quantization forces CUDA here).
+        for name in ("_amax", "_pre_quant_scale"):
+            key = prefix + name
+            src = state_dict.get(key)
+            if not isinstance(src, torch.Tensor):
+                continue
+            dst = self._buffers.get(name)
+            if dst is None or dst.shape != src.shape:
+                device = dst.device if dst is not None else self._state_device(torch.device("cpu"))
+                self._buffers.pop(name, None)
+                self.register_buffer(name, torch.empty(src.shape, dtype=torch.float32, device=device))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)

@@ -1,0 +1,67 @@
+"""Grouping and freezing parameters by name, and in-place weight quantization."""
+import re
+import warnings
+
+import torch
+
+__all__ = ["match_parameters", "group_parameters", "freeze_parameters", "quant_weight_inplace"]
+
+
+def _check_patterns(patterns, name="patterns"):
+    if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"{name} must be a list of regular expressions (str), got {patterns!r}")
+    return [re.compile(p) for p in patterns]
+
+
+def match_parameters(model, patterns):
+    """Yields the parameters of ``model`` whose name matches (``re.search``) any of ``patterns``."""
+    compiled = _check_patterns(patterns)
+    for name, param in model.named_parameters():
+        if any(p.search(name) for p in compiled):
+            yield param
+
+
+def group_parameters(model, patterns_list, lrs=None, momentums=None, weight_decays=None):
+    """Optimizer parameter groups, one per list of patterns in ``patterns_list``.
+
+    Args:
+        model: a module.
+        patterns_list: a list of lists of regular expressions; group ``i`` holds
+            the parameters matching ``patterns_list[i]`` (the lists should not overlap).
+        lrs, momentums, weight_decays: optional per-group values, one per group.
+
+    Returns:
+        A list of dicts for ``torch.optim`` (``[{"params": ..., "lr": ...}, ...]``).
+    """
+    groups = []
+    for patterns in patterns_list:
+        if not isinstance(patterns, list):
+            raise TypeError(f"patterns_list must be a list of lists of patterns, got an item {patterns!r}")
+        groups.append({"params": list(match_parameters(model, patterns))})
+    for key, values in (("lr", lrs), ("momentum", momentums), ("weight_decay", weight_decays)):
+        if values is None:
+            continue
+        if len(values) != len(patterns_list):
+            raise ValueError(f"{key}s has {len(values)} values for {len(patterns_list)} groups")
+        for group, value in zip(groups, values):
+            group[key] = value
+    return groups
+
+
+def freeze_parameters(model, patterns):
+    """Sets ``requires_grad=False`` on the parameters whose name matches any of ``patterns``."""
+    for param in match_parameters(model, patterns):
+        param.requires_grad_(False)
+
+
+def quant_weight_inplace(model):
+    """Replaces the weight of every quantized module by its quantized value
+    (for relax-and-round schemes; the float weight is lost)."""
+    for module in model.modules():
+        quantizer = getattr(module, "_weight_quantizer", None)
+        if quantizer is None or not isinstance(getattr(module, "weight", None), torch.Tensor):
+            continue
+        if not quantizer.fake_quant:
+            warnings.warn("in-place real (integer) quantization of a weight: inference only", stacklevel=2)
+        with torch.no_grad():
+            module.weight.copy_(quantizer(module.weight))

@@ -1,0 +1,277 @@
+"""Swap ``torch.nn`` layers for quantized ones.
+
+Two ways:
+
+* :func:`initialize` monkey-patches ``torch.nn.Conv2d`` & co. so that models
+  built *afterwards* use the quantized classes (pytorch-quantization's way);
+  :func:`deactivate` undoes it, and ``with quant_modules.initialize(): ...``
+  limits it to a block.
+* :func:`quantize_model` converts a model that already exists (say, loaded with
+  pretrained weights) in place, keeping its parameters (same tensors, so an
+  optimizer built on them stays valid), hooks and mode.
+"""
+import contextlib
+import fnmatch
+import warnings
+from collections import namedtuple
+
+import torch
+
+from . import nn as quant_nn
+from .nn._utils import QuantInputMixin, QuantMixin
+from .nn.tensor_quantizer import TensorQuantizer
+from .tensor_quant import QuantDescriptor
+
+__all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "QuantModuleReplacementHelper"]
+
+_quant_entry = namedtuple("quant_entry", "orig_mod mod_name replace_mod")
+
+_DEFAULT_QUANT_MAP = [
+    _quant_entry(torch.nn, "Conv1d", quant_nn.QuantConv1d),
+    _quant_entry(torch.nn, "Conv2d", quant_nn.QuantConv2d),
+    _quant_entry(torch.nn, "Conv3d", quant_nn.QuantConv3d),
+    _quant_entry(torch.nn, "ConvTranspose1d", quant_nn.QuantConvTranspose1d),
+    _quant_entry(torch.nn, "ConvTranspose2d", quant_nn.QuantConvTranspose2d),
+    _quant_entry(torch.nn, "ConvTranspose3d", quant_nn.QuantConvTranspose3d),
+    _quant_entry(torch.nn, "Linear", quant_nn.QuantLinear),
+    _quant_entry(torch.nn, "LSTM", quant_nn.QuantLSTM),
+    _quant_entry(torch.nn, "LSTMCell", quant_nn.QuantLSTMCell),
+    _quant_entry(torch.nn, "AvgPool1d", quant_nn.QuantAvgPool1d),
+    _quant_entry(torch.nn, "AvgPool2d", quant_nn.QuantAvgPool2d),
+    _quant_entry(torch.nn, "AvgPool3d", quant_nn.QuantAvgPool3d),
+    _quant_entry(torch.nn, "AdaptiveAvgPool1d", quant_nn.QuantAdaptiveAvgPool1d),
+    _quant_entry(torch.nn, "AdaptiveAvgPool2d", quant_nn.QuantAdaptiveAvgPool2d),
+    _quant_entry(torch.nn, "AdaptiveAvgPool3d", quant_nn.QuantAdaptiveAvgPool3d),
+]
+
+# The float classes, captured before anything is patched.
+_FLOAT_CLASSES = {(id(e.orig_mod), e.mod_name): getattr(e.orig_mod, e.mod_name) for e in _DEFAULT_QUANT_MAP}
+
+
+def _check_float_module_list(float_module_list):
+    if float_module_list is None:
+        return set()
+    if isinstance(float_module_list, str) or not all(isinstance(n, str) for n in float_module_list):
+        raise TypeError(f"float_module_list must be a list of module names (str), got {float_module_list!r}")
+    known = {e.mod_name for e in _DEFAULT_QUANT_MAP}
+    unknown = sorted(set(float_module_list) - known)
+    if unknown:
+        warnings.warn(f"float_module_list names {unknown}, which are not quantized anyway (known: {sorted(known)})",
+                      stacklevel=3)
+    return set(float_module_list)
+
+
+def _check_custom(custom_quant_modules):
+    entries = []
+    for item in custom_quant_modules or ():
+        if not (isinstance(item, (tuple, list)) and len(item) == 3):
+            raise TypeError(f"custom_quant_modules entries must be (module, name, quant_class) tuples, got {item!r}")
+        module, name, quant_cls = item
+        if not isinstance(name, str) or not hasattr(module, name):
+            raise ValueError(f"custom_quant_modules: {module!r} has no attribute {name!r}")
+        if not (isinstance(quant_cls, type) and issubclass(quant_cls, torch.nn.Module)):
+            raise TypeError(f"custom_quant_modules: the replacement of {name!r} must be a Module class, got {quant_cls!r}")
+        entries.append(_quant_entry(module, name, quant_cls))
+    return entries
+
+
+class QuantModuleReplacementHelper:
+    """Monkey-patches module classes with quantized ones and restores them.
+
+    The originals are remembered the first time a name is patched, so that
+    patching twice (calling :func:`initialize` again) never mistakes a patched
+    class for the original.
+    """
+
+    def __init__(self):
+        self.orginal_func_map = {}  # (id(module), name) -> (module, name, original class)
+        self.quant_map = []
+
+    def prepare_state(self, float_module_list=None, custom_map=None):
+        """Chooses the entries to patch: the default map minus ``float_module_list``, plus ``custom_map``."""
+        skip = _check_float_module_list(float_module_list)
+        custom = _check_custom(custom_map)
+        self.quant_map = [e for e in _DEFAULT_QUANT_MAP if e.mod_name not in skip] + custom
+
+    def apply_quant_modules(self):
+        """Patches every entry of the quant map."""
+        for entry in self.quant_map:
+            key = (id(entry.orig_mod), entry.mod_name)
+            if key not in self.orginal_func_map:
+                original = _FLOAT_CLASSES.get(key, getattr(entry.orig_mod, entry.mod_name))
+                self.orginal_func_map[key] = (entry.orig_mod, entry.mod_name, original)
+            setattr(entry.orig_mod, entry.mod_name, entry.replace_mod)
+
+    def restore_float_modules(self):
+        """Puts every patched class back."""
+        for module, name, original in self.orginal_func_map.values():
+            setattr(module, name, original)
+        self.orginal_func_map = {}
+        self.quant_map = []
+
+    @property
+    def active(self):
+        return bool(self.orginal_func_map)
+
+
+_quant_module_helper_object = QuantModuleReplacementHelper()
+
+
+class _Initialized(contextlib.AbstractContextManager):
+    """Returned by :func:`initialize`; leaving a ``with`` block deactivates."""
+
+    def __exit__(self, *exc):
+        deactivate()
+        return False
+
+
+def initialize(float_module_list=None, custom_quant_modules=None):
+    """Replaces ``torch.nn`` layer classes by their quantized versions.
+
+    Models constructed afterwards (``torchvision.models.resnet50()``, ...) get
+    quantized layers. Calling it again replaces the previous patching.
+
+    Args:
+        float_module_list: names of ``torch.nn`` classes to leave alone, e.g. ``["Linear"]``.
+        custom_quant_modules: extra ``(module, name, quant_class)`` replacements,
+            e.g. ``[(torch.nn, "MaxPool2d", quant_nn.QuantMaxPool2d)]``.
+
+    Returns:
+        A context manager: ``with quant_modules.initialize(): model = build()``
+        deactivates at the end of the block.
+    """
+    helper = _quant_module_helper_object
+    helper.prepare_state(float_module_list, custom_quant_modules)  # validate before touching anything
+    entries = helper.quant_map
+    helper.restore_float_modules()
+    helper.quant_map = entries
+    helper.apply_quant_modules()
+    return _Initialized()
+
+
+def deactivate():
+    """Undoes :func:`initialize` (no-op if it is not active)."""
+    _quant_module_helper_object.restore_float_modules()
+
+
+@contextlib.contextmanager
+def enable_onnx_export():
+    """Context manager for ``torch.onnx.export`` of a quantized model.
+
+    Inside it every quantizer checks it is calibrated, and fake quantization
+    runs through torch's ``fake_quantize_per_tensor/channel_affine`` (full
+    integer range), which torch's ONNX exporter writes as QuantizeLinear /
+    DequantizeLinear pairs. The previous settings come back on exit, also
+    when the export raises.
+    """
+    saved = (TensorQuantizer._enable_onnx_export, TensorQuantizer.use_fb_fake_quant)
+    TensorQuantizer._enable_onnx_export = True
+    TensorQuantizer.use_fb_fake_quant = True
+    try:
+        yield
+    finally:
+        TensorQuantizer._enable_onnx_export, TensorQuantizer.use_fb_fake_quant = saved
+
+
+# --- converting an existing model ------------------------------------------------
+
+
+def _param_device(module):
+    for t in list(module.parameters()) + list(module.buffers()):
+        return t.device
+    return None
+
+
+def _convert(module, quant_cls, quant_desc_input, quant_desc_weight):
+    """A ``quant_cls`` instance that shares ``module``'s parameters, buffers,
+    submodules, hooks and mode, with fresh quantizers."""
+    if isinstance(module, torch.nn.LSTM) and module.proj_size:
+        warnings.warn(f"an LSTM with proj_size={module.proj_size} cannot be quantized; left in float", stacklevel=3)
+        return None
+    converted = quant_cls.__new__(quant_cls)
+    # Shallow copies of the containers (parameter/buffer/module dicts, hook dicts,
+    # sets): the tensors are shared, the bookkeeping is not.
+    converted.__dict__.update({k: (v.copy() if isinstance(v, (dict, list, set)) else v)
+                               for k, v in module.__dict__.items()})
+    desc_input = quant_desc_input or quant_cls.default_quant_desc_input
+    if issubclass(quant_cls, QuantMixin):
+        desc_weight = quant_desc_weight or quant_cls.default_quant_desc_weight
+        if isinstance(converted, quant_nn.QuantLSTM):
+            layers = converted.num_layers * (2 if converted.bidirectional else 1)
+            converted.init_quantizer(desc_input, desc_weight, num_layers=layers)
+        else:
+            converted.init_quantizer(desc_input, desc_weight)
+    else:
+        converted.init_quantizer(desc_input)
+    device = _param_device(module)
+    if device is not None:
+        for child in converted.modules():
+            if isinstance(child, TensorQuantizer):
+                child.to(device)
+    return converted
+
+
+def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_module_list=None,
+                   custom_quant_modules=None, exclude=None):
+    """Converts the layers of an existing model to quantized layers, in place.
+
+    Every submodule whose class is one of those :func:`initialize` patches
+    (``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d``, ``nn.Linear``,
+    ``nn.LSTM``, ``nn.LSTMCell``, ``nn.AvgPool*``, ``nn.AdaptiveAvgPool*``;
+    exactly that class, not subclasses) or named in ``custom_quant_modules``
+    becomes its quantized class. The new modules share the old ones'
+    parameters, buffers, hooks and train/eval mode: pretrained weights are
+    kept and no weight is re-initialised.
+
+    Args:
+        model: the module to convert.
+        quant_desc_input: descriptor of every input quantizer (default: each class's default).
+        quant_desc_weight: descriptor of every weight quantizer (default: each class's default,
+            per output channel).
+        float_module_list: class names to leave in float, e.g. ``["Linear"]``.
+        custom_quant_modules: extra ``(module, name, quant_class)`` entries; the class
+            ``getattr(module, name)`` is converted to ``quant_class``, which must be a
+            subclass of it (or accept its ``__dict__``).
+        exclude: qualified submodule names (``fnmatch`` patterns such as ``"fc"`` or
+            ``"layer4.*"``) to leave in float, with everything below them.
+
+    Returns:
+        ``model`` (a new object only when ``model`` itself is converted).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for name, desc in (("quant_desc_input", quant_desc_input), ("quant_desc_weight", quant_desc_weight)):
+        if desc is not None and not isinstance(desc, QuantDescriptor):
+            raise TypeError(f"{name} must be a QuantDescriptor or None, got {type(desc).__name__}")
+    skip = _check_float_module_list(float_module_list)
+    if exclude is None:
+        exclude = []
+    elif isinstance(exclude, str) or not all(isinstance(p, str) for p in exclude):
+        raise TypeError(f"exclude must be a list of module-name patterns (str), got {exclude!r}")
+
+    mapping = {}
+    for entry in _DEFAULT_QUANT_MAP:
+        if entry.mod_name not in skip:
+            mapping[_FLOAT_CLASSES[(id(entry.orig_mod), entry.mod_name)]] = entry.replace_mod
+    for entry in _check_custom(custom_quant_modules):
+        original = _quant_module_helper_object.orginal_func_map.get((id(entry.orig_mod), entry.mod_name))
+        float_cls = original[2] if original else getattr(entry.orig_mod, entry.mod_name)
+        mapping[float_cls] = entry.replace_mod
+
+    def excluded(qualified):
+        return any(fnmatch.fnmatchcase(qualified, p) for p in exclude)
+
+    def convert(module, qualified):
+        if isinstance(module, (QuantMixin, QuantInputMixin, TensorQuantizer)) or (qualified and excluded(qualified)):
+            return module
+        quant_cls = mapping.get(type(module))
+        if quant_cls is not None:
+            converted = _convert(module, quant_cls, quant_desc_input, quant_desc_weight)
+            return module if converted is None else converted
+        for name, child in list(module.named_children()):
+            new = convert(child, f"{qualified}.{name}" if qualified else name)
+            if new is not child:
+                setattr(module, name, new)
+        return module
+
+    return convert(model, "")

@@ -1,0 +1,531 @@
+"""Quantization descriptors and tensor quantization functions.
+
+The pytorch-quantization-shaped front of :mod:`fakequant.ops`: a
+:class:`ScaledQuantDescriptor` (alias :data:`QuantDescriptor`) says how a tensor
+is quantized, and the functions below quantize it. Every function here calls
+the operators in :mod:`fakequant.ops`, so the numerics are the ones documented
+there (``scale = amax / bound``, ``rint(x / scale)``, as ONNX QuantizeLinear);
+where pytorch-quantization multiplies by ``bound / amax`` instead, results can
+differ by one step at exact ties.
+"""
+import copy
+import math
+import numbers
+from typing import Any, Dict, Union
+
+import torch
+
+from . import ops
+
+__all__ = [
+    "ScaledQuantDescriptor",
+    "QuantDescriptor",
+    "QUANT_DESC_8BIT_PER_TENSOR",
+    "QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR",
+    "QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL",
+    "QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL",
+    "QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL",
+    "QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW",
+    "QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL",
+    "QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL",
+    "QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL",
+    "TensorQuantFunction",
+    "FakeTensorQuantFunction",
+    "FakeAffineTensorQuantFunction",
+    "LegacyFakeTensorQuantFunction",
+    "ScaledE4M3Function",
+    "tensor_quant",
+    "fake_tensor_quant",
+    "fake_affine_tensor_quant",
+    "legacy_fake_tensor_quant",
+    "scaled_e4m3",
+]
+
+# The integer widths the operators implement.
+MIN_NUM_BITS, MAX_NUM_BITS = 2, 16
+# Floating-point (exponent, mantissa) formats a descriptor may name.
+FP_FORMATS = ((4, 3),)
+CALIB_METHODS = ("max", "histogram")
+_BLOCK_STRING_KEYS = ("type", "scale_bits", "scale_block_sizes")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_num_bits(num_bits, name: str = "num_bits"):
+    """Validates ``num_bits``: an int in [2, 16] or an ``(E, M)`` tuple of a
+    supported floating-point format; returns it normalised (lists become tuples)."""
+    if _is_int(num_bits):
+        if not MIN_NUM_BITS <= num_bits <= MAX_NUM_BITS:
+            raise ValueError(
+                f"{name} must be an integer in [{MIN_NUM_BITS}, {MAX_NUM_BITS}] or an (E, M) tuple "
+                f"in {list(FP_FORMATS)}, got {num_bits!r}"
+            )
+        return int(num_bits)
+    if isinstance(num_bits, (tuple, list)) and len(num_bits) == 2 and all(_is_int(v) for v in num_bits):
+        fmt = (int(num_bits[0]), int(num_bits[1]))
+        if fmt not in FP_FORMATS:
+            raise ValueError(f"{name}={fmt!r}: the supported (E, M) formats are {list(FP_FORMATS)}")
+        return fmt
+    raise TypeError(
+        f"{name} must be an int or an (E, M) tuple of two ints, got {num_bits!r} "
+        f"({type(num_bits).__name__})"
+    )
+
+
+def _check_bool(value, name):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _normalize_axis(axis):
+    if axis is None:
+        return None
+    if _is_int(axis):
+        return int(axis)
+    if isinstance(axis, (tuple, list)) and all(_is_int(a) for a in axis):
+        if len(set(axis)) != len(axis):
+            raise ValueError(f"axis must not repeat an axis, got {axis!r}")
+        return tuple(int(a) for a in axis)
+    raise TypeError(f"axis must be None, an int or a tuple of ints, got {axis!r} ({type(axis).__name__})")
+
+
+def _amax_to_tensor(amax, name="amax") -> torch.Tensor:
+    """A float32 CPU tensor of a user-given amax (number, list, tuple, ndarray or tensor)."""
+    if isinstance(amax, bool):
+        raise TypeError(f"{name} must be a number, a list, an ndarray or a tensor, got a bool")
+    if isinstance(amax, torch.Tensor):
+        value = amax.detach().to("cpu", torch.float32).clone()
+    elif isinstance(amax, (numbers.Real, list, tuple)) or type(amax).__module__ == "numpy":
+        try:
+            value = torch.tensor(amax, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"{name}={amax!r} cannot be read as an array of floats: {e}") from None
+    else:
+        raise TypeError(
+            f"{name} must be a number, a list, an ndarray or a tensor, got {type(amax).__name__}"
+        )
+    if value.numel() == 0:
+        raise ValueError(f"{name} must not be empty")
+    if not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
+        raise ValueError(f"{name} must be finite and >= 0, got {amax!r}")
+    return value
+
+
+def _normalize_block_sizes(block_sizes):
+    if block_sizes is None:
+        return None
+    if not isinstance(block_sizes, dict):
+        raise TypeError(f"block_sizes must be a dict or None, got {type(block_sizes).__name__}")
+    out = {}
+    for key, value in block_sizes.items():
+        if isinstance(key, str):
+            if key not in _BLOCK_STRING_KEYS:
+                raise ValueError(
+                    f"block_sizes key {key!r} is not an axis (int) nor one of {list(_BLOCK_STRING_KEYS)}"
+                )
+            if key == "type" and value not in ("static", "dynamic"):
+                raise ValueError(f"block_sizes['type'] must be 'static' or 'dynamic', got {value!r}")
+            if key == "scale_bits" and value is not None:
+                check_num_bits(value, "block_sizes['scale_bits']")
+            out[key] = tuple(value) if isinstance(value, list) else value
+        elif _is_int(key):
+            if value is not None and not (_is_int(value) and value > 0):
+                raise ValueError(
+                    f"block_sizes[{key}] must be a positive int or None (the whole axis), got {value!r}"
+                )
+            out[int(key)] = None if value is None else int(value)
+        else:
+            raise TypeError(f"block_sizes keys must be ints (axes) or strings, got {key!r}")
+    if not any(isinstance(k, int) for k in out):
+        raise ValueError(f"block_sizes must name at least one axis, got {block_sizes!r}")
+    return out
+
+
+class ScaledQuantDescriptor:
+    """Describes how a tensor is quantized: ``amax``-scaled (symmetric) quantization.
+
+    Args:
+        num_bits: an int in [2, 16] for integer quantization, or the tuple ``(4, 3)``
+            naming FP8 E4M3. Default 8.
+        name: an optional name (str).
+
+    Keyword Args:
+        fake_quant: if True (default) quantize-dequantize; if False return the integers.
+        axis: None (per tensor, the default), an int or a tuple of ints: the axes
+            that keep their own amax (``axis=0`` on a conv weight is per output channel).
+        block_sizes: None or a dict ``{axis: block_size_or_None, "type": "static"|"dynamic"}``:
+            every ``block_size`` consecutive elements along ``axis`` share an amax.
+            Cannot be combined with ``axis``.
+        amax: a number, list, ndarray or tensor of user-given amax; when given the
+            quantizer starts with this amax instead of a dynamic one.
+        learn_amax: if True, amax is a learnable parameter (per tensor only).
+        scale_amax: a positive number amax is multiplied by. Default None.
+        calib_method: ``"max"`` (default) or ``"histogram"``: the calibrator a
+            :class:`~fakequant.nn.TensorQuantizer` creates.
+        unsigned: quantize to ``[0, 2^num_bits - 1]``. Default False.
+        narrow_range: signed range ``[-bound, bound]`` instead of ``[-bound - 1, bound]``.
+            Default False (as pytorch-quantization's descriptor).
+        dynamic: if True, amax is always computed from the tensor being quantized,
+            even after calibration. Default False.
+
+    Raises:
+        TypeError, ValueError: naming the argument and the value.
+
+    All arguments are exposed as read-only properties. Descriptors compare equal
+    when all their fields are equal; :meth:`dict`, :meth:`to_yaml` and
+    :meth:`from_yaml` round-trip exactly.
+    """
+
+    def __init__(self, num_bits=8, name=None, **kwargs):
+        self._num_bits = check_num_bits(num_bits)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {name!r} ({type(name).__name__})")
+        self._name = name
+
+        self._fake_quant = _check_bool(kwargs.pop("fake_quant", True), "fake_quant")
+        self._axis = _normalize_axis(kwargs.pop("axis", None))
+        self._block_sizes = _normalize_block_sizes(kwargs.pop("block_sizes", None))
+        self._learn_amax = _check_bool(kwargs.pop("learn_amax", False), "learn_amax")
+        amax = kwargs.pop("amax", None)
+        self._amax = None if amax is None else _amax_to_tensor(amax)
+        scale_amax = kwargs.pop("scale_amax", None)
+        if scale_amax is not None:
+            if isinstance(scale_amax, bool) or not isinstance(scale_amax, numbers.Real):
+                raise TypeError(f"scale_amax must be a number or None, got {scale_amax!r}")
+            if not (math.isfinite(scale_amax) and scale_amax > 0):
+                raise ValueError(f"scale_amax must be finite and > 0, got {scale_amax!r}")
+        self._scale_amax = scale_amax
+        self._calib_method = kwargs.pop("calib_method", "max")
+        if self._calib_method not in CALIB_METHODS:
+            raise ValueError(f"calib_method must be one of {list(CALIB_METHODS)}, got {self._calib_method!r}")
+        self._unsigned = _check_bool(kwargs.pop("unsigned", False), "unsigned")
+        self._narrow_range = _check_bool(kwargs.pop("narrow_range", False), "narrow_range")
+        self._dynamic = _check_bool(kwargs.pop("dynamic", False), "dynamic")
+        if kwargs:
+            raise TypeError(f"QuantDescriptor got unexpected keyword arguments: {sorted(kwargs)}")
+
+        if self._learn_amax and self._axis is not None:
+            raise ValueError(f"learn_amax=True learns one amax per tensor; axis must be None, got {self._axis!r}")
+        if self._learn_amax and self._amax is not None and self._amax.numel() != 1:
+            raise ValueError(
+                f"learn_amax=True learns one amax per tensor; amax must hold one value, got shape "
+                f"{tuple(self._amax.shape)}"
+            )
+        if self._block_sizes is not None:
+            if self._axis is not None:
+                raise ValueError(f"block_sizes and axis cannot be combined, got axis={self._axis!r}")
+            if self._learn_amax:
+                raise ValueError("block_sizes cannot be combined with learn_amax=True")
+            if self._calib_method == "histogram":
+                raise ValueError("block_sizes needs calib_method='max' (one histogram per block is too large)")
+
+    # -- read-only properties ---------------------------------------------------
+    @property
+    def num_bits(self):
+        return self._num_bits
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def fake_quant(self):
+        return self._fake_quant
+
+    @property
+    def axis(self):
+        return self._axis
+
+    @property
+    def block_sizes(self):
+        return copy.copy(self._block_sizes)
+
+    @property
+    def amax(self):
+        return None if self._amax is None else self._amax.clone()
+
+    @property
+    def learn_amax(self):
+        return self._learn_amax
+
+    @property
+    def scale_amax(self):
+        return self._scale_amax
+
+    @property
+    def calib_method(self):
+        return self._calib_method
+
+    @property
+    def unsigned(self):
+        return self._unsigned
+
+    @property
+    def narrow_range(self):
+        return self._narrow_range
+
+    @property
+    def dynamic(self):
+        return self._dynamic
+
+    # -- comparison and printing -------------------------------------------------
+    def __eq__(self, other):
+        if not isinstance(other, ScaledQuantDescriptor):
+            return NotImplemented
+        return self.dict() == other.dict()
+
+    __hash__ = None  # mutable-looking value type, as pytorch-quantization's
+
+    def __str__(self):
+        s = f"{self._name}: " if self._name is not None else "QuantDescriptor"
+        s += "(" + ("unsigned " if self._unsigned else "") + f"{self._num_bits}bit"
+        s += " fake" if self._fake_quant else " real"
+        s += f" axis={self._axis}" if self._axis is not None else " per-tensor"
+        if self._block_sizes is not None:
+            s += f" block_sizes={self._block_sizes}"
+        if self._amax is not None:
+            flat = self._amax.flatten().tolist()
+            s += f" amax={flat[0]:.2e}" if len(flat) == 1 else f" amax=[{min(flat):.2e}, {max(flat):.2e}]({len(flat)})"
+        if self._learn_amax:
+            s += " learn_amax"
+        if self._scale_amax:
+            s += f" scale_amax={self._scale_amax}"
+        if self._narrow_range:
+            s += " narrow"
+        if self._dynamic:
+            s += " dynamic"
+        if self._calib_method != "max":
+            s += f" calib_method={self._calib_method}"
+        return s + ")"
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.dict().items())
+        return f"QuantDescriptor({args})"
+
+    # -- serialisation -------------------------------------------------------------
+    def dict(self) -> Dict[str, Any]:
+        """The constructor arguments that differ from their defaults (plus ``num_bits``
+        and ``name``), as plain Python values: ``type(self)(**d.dict())`` equals ``d``."""
+        d: Dict[str, Any] = {"num_bits": self._num_bits, "name": self._name}
+        if not self._fake_quant:
+            d["fake_quant"] = False
+        if self._axis is not None:
+            d["axis"] = self._axis
+        if self._block_sizes is not None:
+            d["block_sizes"] = dict(self._block_sizes)
+        if self._amax is not None:
+            d["amax"] = self._amax.tolist()
+        if self._learn_amax:
+            d["learn_amax"] = True
+        if self._scale_amax is not None:
+            d["scale_amax"] = self._scale_amax
+        if self._calib_method != "max":
+            d["calib_method"] = self._calib_method
+        if self._unsigned:
+            d["unsigned"] = True
+        if self._narrow_range:
+            d["narrow_range"] = True
+        if self._dynamic:
+            d["dynamic"] = True
+        return d
+
+    def to_yaml(self) -> str:
+        """YAML of :meth:`dict` (tuples written as lists, so plain ``yaml.safe_load`` reads it)."""
+        import yaml
+
+        d = self.dict()
+        for key in ("num_bits", "axis"):
+            if isinstance(d.get(key), tuple):
+                d[key] = list(d[key])
+        if "block_sizes" in d:
+            d["block_sizes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in d["block_sizes"].items()}
+        return yaml.safe_dump(d, width=120, sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, yaml_str: str) -> "ScaledQuantDescriptor":
+        """The descriptor written by :meth:`to_yaml` (read with ``yaml.safe_load``)."""
+        import yaml
+
+        if not isinstance(yaml_str, str):
+            raise TypeError(f"yaml_str must be a str, got {type(yaml_str).__name__}")
+        d = yaml.safe_load(yaml_str)
+        if not isinstance(d, dict):
+            raise ValueError(f"the YAML must hold a mapping of descriptor arguments, got {d!r}")
+        for key in ("num_bits", "axis"):
+            if isinstance(d.get(key), list):
+                d[key] = tuple(d[key])
+        return cls(**d)
+
+
+QuantDescriptor = ScaledQuantDescriptor
+
+# Predefined descriptors (pytorch-quantization's names and values).
+QUANT_DESC_8BIT_PER_TENSOR = QuantDescriptor(num_bits=8)
+QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR = QuantDescriptor(num_bits=8, unsigned=True)
+QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+
+
+# --- functions ---------------------------------------------------------------
+
+Amax = Union[torch.Tensor, float]
+
+
+def _amax_like(amax: Amax, inputs: torch.Tensor) -> torch.Tensor:
+    if not isinstance(inputs, torch.Tensor):
+        raise TypeError(f"inputs must be a tensor, got {type(inputs).__name__}")
+    if isinstance(amax, torch.Tensor):
+        return amax if amax.device == inputs.device else amax.to(inputs.device)
+    if isinstance(amax, bool) or not isinstance(amax, numbers.Real):
+        raise TypeError(f"amax must be a tensor or a number, got {type(amax).__name__}")
+    return torch.tensor(float(amax), dtype=torch.float32, device=inputs.device)
+
+
+def _check_int_bits(num_bits):
+    if not _is_int(num_bits):
+        raise TypeError(f"num_bits must be an int, got {num_bits!r}")
+
+
+def fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+    """Fake-quantizes ``inputs`` to ``num_bits`` with range ``[-amax, amax]``.
+
+    ``amax`` is a number or a tensor broadcastable to ``inputs`` (its shape
+    sets the granularity: ``(C, 1, 1, 1)`` is per output channel of a conv
+    weight). The gradient passes where ``|inputs| <= amax`` (straight-through
+    estimator with clipping); only a 1-bit mask is kept for the backward.
+    """
+    _check_int_bits(num_bits)
+    return ops.fake_quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
+
+
+def legacy_fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+    """pytorch-quantization's pure-PyTorch fake quantization, kept for its name:
+    here it is the same operator as :func:`fake_tensor_quant`."""
+    return fake_tensor_quant(inputs, amax, num_bits, unsigned, narrow_range)
+
+
+def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+    """Quantizes ``inputs``: returns ``(outputs, scale)`` with integer-valued
+    ``outputs`` (in ``inputs``' dtype) and ``scale = bound / amax`` (1 where
+    amax is 0) in ``inputs``' dtype, so that ``outputs / scale`` dequantizes.
+    Differentiable in ``inputs`` (straight-through with clipping)."""
+    _check_int_bits(num_bits)
+    outputs, scale = ops.quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
+    if inputs.dtype == torch.half and scale.device.type == "cpu" and bool((scale > 65504).any()):
+        raise ValueError(f"the scale bound / amax overflows float16 for amax={amax}")
+    return outputs, scale.to(inputs.dtype)
+
+
+def fake_affine_tensor_quant(inputs, min_range, max_range, num_bits=8):
+    """Asymmetric fake quantization of ``inputs`` to ``2^num_bits`` levels over
+    ``[min_range, max_range]``; the gradient passes inside the range."""
+    _check_int_bits(num_bits)
+    return ops.fake_quantize_min_max(inputs, min_range, max_range, num_bits)
+
+
+def scaled_e4m3(inputs, amax=None, E=4, M=3):
+    """FP8 (E4M3) fake quantization with scale ``448 / amax``: not available yet."""
+    raise NotImplementedError(
+        "scaled_e4m3 (FP8 E4M3 fake quantization, num_bits=(4, 3)) is not implemented in fakequant yet; "
+        "use integer num_bits"
+    )
+
+
+# --- torch.autograd.Function classes -------------------------------------------
+#
+# pytorch-quantization exposes its functions as Function classes and scripts call
+# ``FakeTensorQuantFunction.apply(...)``. Our operators already carry their
+# autograd formula (a 1-bit mask saved by the forward), so ``apply`` goes
+# straight to them. ``forward``/``backward`` are complete for callers (or
+# tracers) that use the Function protocol directly; that route saves the input
+# for the backward, as any Function that recomputes its mask must.
+
+
+def _clip_mask(inputs, lo, hi):
+    return (inputs >= lo) & (inputs <= hi)
+
+
+class FakeTensorQuantFunction(torch.autograd.Function):
+    """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``: :func:`fake_tensor_quant`."""
+
+    apply = staticmethod(fake_tensor_quant)
+
+    @staticmethod
+    def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+        amax = _amax_like(amax, inputs)
+        ctx.save_for_backward(inputs, amax)
+        with torch.no_grad():
+            return ops.fake_quantize_amax(inputs, amax, num_bits, unsigned, narrow_range)
+
+    @staticmethod
+    def backward(ctx, grad_outputs):
+        inputs, amax = ctx.saved_tensors
+        keep = _clip_mask(inputs, -amax.to(inputs.dtype), amax.to(inputs.dtype))
+        return grad_outputs * keep, None, None, None, None
+
+
+class LegacyFakeTensorQuantFunction(FakeTensorQuantFunction):
+    """``apply``: :func:`legacy_fake_tensor_quant` (the same operator)."""
+
+    apply = staticmethod(legacy_fake_tensor_quant)
+
+
+class TensorQuantFunction(torch.autograd.Function):
+    """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``: :func:`tensor_quant`."""
+
+    apply = staticmethod(tensor_quant)
+
+    @staticmethod
+    def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+        amax = _amax_like(amax, inputs)
+        ctx.save_for_backward(inputs, amax)
+        with torch.no_grad():
+            return tensor_quant(inputs, amax, num_bits, unsigned, narrow_range)
+
+    @staticmethod
+    def backward(ctx, grad_outputs, grad_scale):
+        inputs, amax = ctx.saved_tensors
+        keep = _clip_mask(inputs, -amax.to(inputs.dtype), amax.to(inputs.dtype))
+        return grad_outputs * keep, None, None, None, None
+
+
+class FakeAffineTensorQuantFunction(torch.autograd.Function):
+    """``apply(inputs, min_range, max_range, num_bits=8)``: :func:`fake_affine_tensor_quant`."""
+
+    apply = staticmethod(fake_affine_tensor_quant)
+
+    @staticmethod
+    def forward(ctx, inputs, min_range, max_range, num_bits=8):
+        lo = _amax_like(min_range, inputs)
+        hi = _amax_like(max_range, inputs)
+        ctx.save_for_backward(inputs, lo, hi)
+        with torch.no_grad():
+            return ops.fake_quantize_min_max(inputs, lo, hi, num_bits)
+
+    @staticmethod
+    def backward(ctx, grad_outputs):
+        inputs, lo, hi = ctx.saved_tensors
+        keep = _clip_mask(inputs, lo.to(inputs.dtype), hi.to(inputs.dtype))
+        return grad_outputs * keep, None, None, None
+
+
+class ScaledE4M3Function(torch.autograd.Function):
+    """``apply``: :func:`scaled_e4m3` (not available yet)."""
+
+    apply = staticmethod(scaled_e4m3)
+
+    @staticmethod
+    def forward(ctx, inputs, amax=None, E=4, M=3):
+        return scaled_e4m3(inputs, amax, E, M)
+
+    @staticmethod
+    def backward(ctx, grad_outputs):
+        return grad_outputs, None, None, None

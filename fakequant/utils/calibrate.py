@@ -1,0 +1,183 @@
+"""Calibration of a quantized model: feed it data, then set every amax."""
+import numbers
+import warnings
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+__all__ = ["calibrate", "collect_stats", "compute_amax"]
+
+HISTOGRAM_METHODS = ("entropy", "mse", "percentile", "max")
+
+
+def _quantizers(model):
+    from ..nn.tensor_quantizer import TensorQuantizer
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, TensorQuantizer)]
+    if not found:
+        raise ValueError("model has no TensorQuantizer: quantize it first (quant_nn modules, "
+                         "quant_modules.initialize() or fakequant.quantize_model)")
+    return found
+
+
+def _move(batch, device):
+    if device is None:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_move(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _move(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _default_forward(model, batch):
+    # (inputs, labels) pairs feed the inputs; dicts are keyword arguments.
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (list, tuple)):
+        return model(batch[0])
+    return model(batch)
+
+
+def collect_stats(model: torch.nn.Module, data: Iterable, num_batches: Optional[int] = None,
+                  forward_fn: Optional[Callable[[torch.nn.Module, Any], Any]] = None, progress: bool = True) -> int:
+    """Runs ``model`` on batches of ``data`` with every calibrator collecting.
+
+    Quantizers with a calibrator collect instead of quantizing (and do not
+    clip); quantizers without one are bypassed. The model runs in eval mode under ``no_grad``;
+    its mode and every quantizer's switches are restored afterwards, even on
+    an exception.
+
+    Args:
+        model: a quantized model.
+        data: an iterable of batches (a DataLoader): tensors, ``(inputs, labels)``
+            sequences (the first item is fed) or dicts (fed as keyword arguments).
+            Tensors are moved to the device of the model's parameters.
+        num_batches: stop after this many batches (default: all of ``data``).
+        forward_fn: ``forward_fn(model, batch)`` runs one batch, for other layouts.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        The number of batches run.
+    """
+    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, numbers.Integral)
+                                    or num_batches < 1):
+        raise ValueError(f"num_batches must be a positive int or None, got {num_batches!r}")
+    if forward_fn is not None and not callable(forward_fn):
+        raise TypeError(f"forward_fn must be callable, got {type(forward_fn).__name__}")
+    quantizers = _quantizers(model)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else None
+    run = forward_fn or _default_forward
+
+    saved = [(q, q._disabled, q._if_quant, q._if_calib, q._if_clip) for _, q in quantizers]
+    was_training = model.training
+    total = num_batches
+    if total is None and hasattr(data, "__len__"):
+        total = len(data)
+    elif total is not None and hasattr(data, "__len__"):
+        total = min(total, len(data))
+    count = 0
+    try:
+        for _, q in quantizers:
+            if q._calibrator is not None:
+                q.disable_quant()
+                q.enable_calib()
+                q._if_clip = False  # the layers below see unclipped values while calibrating
+            else:
+                q.disable()
+        model.eval()
+        from tqdm.auto import tqdm
+
+        with torch.no_grad(), tqdm(total=total, desc="calibrating", unit="batch", disable=not progress) as bar:
+            for batch in data:
+                if num_batches is not None and count >= num_batches:
+                    break
+                run(model, _move(batch, device))
+                count += 1
+                bar.update(1)
+    finally:
+        for q, disabled, if_quant, if_calib, if_clip in saved:
+            q._disabled, q._if_quant, q._if_calib, q._if_clip = disabled, if_quant, if_calib, if_clip
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("data yielded no batch to calibrate with")
+    return count
+
+
+def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = False, **kwargs) -> int:
+    """Loads every calibrator's amax into its quantizer.
+
+    Quantizers with a ``MaxCalibrator`` (the default ``calib_method="max"``)
+    take the max; quantizers with ``learn_amax`` also start their learned
+    range there (``init_learn_amax``). Quantizers with a ``HistogramCalibrator``
+    (``calib_method="histogram"``) take ``compute_amax(method, **kwargs)``:
+    ``method`` is ``"entropy"``, ``"mse"``, ``"percentile"`` (with
+    ``percentile=...``) or ``"max"``.
+
+    Args:
+        strict: raise if a calibrator saw no data; otherwise (default) warn and
+            leave that quantizer's amax as it was (dynamic if it had none).
+
+    Returns:
+        The number of quantizers whose amax was set.
+    """
+    from ..calib import MaxCalibrator
+
+    if method not in HISTOGRAM_METHODS:
+        raise ValueError(f"method must be one of {list(HISTOGRAM_METHODS)}, got {method!r}")
+    loaded = 0
+    for name, q in _quantizers(model):
+        calibrator = q._calibrator
+        if calibrator is None:
+            continue
+        if isinstance(calibrator, MaxCalibrator):
+            amax = calibrator.compute_amax()
+        else:
+            amax = calibrator.compute_amax(method, **kwargs)
+        if amax is None:
+            if strict:
+                raise RuntimeError(f"quantizer {name!r} collected no data during calibration")
+            warnings.warn(f"quantizer {name!r} collected no data during calibration; its amax is unchanged",
+                          stacklevel=2)
+            continue
+        q._set_amax_buffer(amax)
+        if q.learn_amax:  # start the learned range at the calibrated one
+            q.init_learn_amax()
+        loaded += 1
+    return loaded
+
+
+def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int] = None, method: str = "max", *,
+              forward_fn: Optional[Callable[[torch.nn.Module, Any], Any]] = None, progress: bool = True,
+              **kwargs) -> torch.nn.Module:
+    """Calibrates a quantized model in one call: resets the calibrators, runs
+    :func:`collect_stats` (with a tqdm progress bar), then :func:`compute_amax`.
+
+    Args:
+        model: a quantized model (quant_nn modules, ``quant_modules.initialize()``
+            or ``fakequant.quantize_model``).
+        data: batches, as for :func:`collect_stats`.
+        num_batches: how many batches to use (default: all).
+        method: amax rule of histogram calibrators (``"entropy"``, ``"mse"``,
+            ``"percentile"``, ``"max"``); quantizers with max calibrators take the max.
+        forward_fn: ``forward_fn(model, batch)`` for batches of other layouts.
+        progress: show the progress bar.
+        **kwargs: passed to ``HistogramCalibrator.compute_amax`` (``percentile``,
+            ``start_bin``, ``stride``).
+
+    Returns:
+        ``model``, calibrated in place, in the mode it was in.
+    """
+    if method not in HISTOGRAM_METHODS:
+        raise ValueError(f"method must be one of {list(HISTOGRAM_METHODS)}, got {method!r}")
+    for _, q in _quantizers(model):
+        if q._calibrator is not None:
+            q._calibrator.reset()
+    collect_stats(model, data, num_batches, forward_fn=forward_fn, progress=progress)
+    compute_amax(model, method, **kwargs)
+    return model

@@ -1,0 +1,335 @@
+"""TensorQuantizer: numerics, switches, calibration, learned amax, state_dict."""
+import math
+
+import pytest
+import torch
+
+from fakequant import calib, ops
+from fakequant import nn as quant_nn
+from fakequant.nn import TensorQuantizer
+from fakequant.tensor_quant import QuantDescriptor
+
+import reference
+from conftest import DEVICES, DTYPES
+
+
+def desc(**kwargs):
+    return QuantDescriptor(**kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_static_per_tensor(device, dtype):
+    q = TensorQuantizer(desc(num_bits=8, amax=2.0)).to(device)
+    x = (torch.randn(3, 4, 5, device=device) * 2).to(dtype)
+    ref, _ = reference.fake_quantize_amax(x, torch.tensor(2.0), 8, False, False)  # descriptor default: full range
+    torch.testing.assert_close(q(x), ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_static_per_channel_and_narrow_unsigned(device):
+    amax = torch.tensor([0.5, 1.0, 3.0]).reshape(3, 1, 1)
+    q = TensorQuantizer(desc(num_bits=4, axis=0, amax=amax, unsigned=True, narrow_range=True)).to(device)
+    x = torch.rand(3, 2, 6, device=device) * 4
+    ref, _ = reference.fake_quantize_amax(x, amax.to(device), 4, True, True)
+    assert torch.equal(q(x), ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dynamic_amax_per_tensor_and_axis(device):
+    x = torch.randn(4, 6, device=device)
+    q = TensorQuantizer(desc(num_bits=8)).to(device)
+    assert q.amax is None
+    ref, _ = reference.fake_quantize_amax(x, x.abs().max(), 8, False, False)
+    assert torch.equal(q(x), ref)
+    q1 = TensorQuantizer(desc(num_bits=8, axis=1))
+    amax = x.abs().amax(dim=0, keepdim=True)
+    assert torch.equal(q1(x), reference.fake_quantize_amax(x, amax, 8, False, False)[0])
+    q2 = TensorQuantizer(desc(num_bits=8, axis=-1))  # negative axes name the same axis
+    assert torch.equal(q2(x), q1(x))
+
+
+def test_dynamic_descriptor_ignores_stored_amax():
+    x = torch.randn(100) * 3
+    q = TensorQuantizer(desc(amax=0.1, dynamic=True))
+    assert torch.equal(q(x), reference.fake_quantize_amax(x, x.abs().max(), 8, False, False)[0])
+
+
+def test_scale_amax():
+    x = torch.randn(50)
+    q = TensorQuantizer(desc(amax=2.0, scale_amax=0.5))
+    assert torch.equal(q(x), reference.fake_quantize_amax(x, torch.tensor(1.0), 8, False, False)[0])
+
+
+def test_gradient_clipped_ste():
+    q = TensorQuantizer(desc(amax=1.0))
+    x = torch.linspace(-2, 2, 41, requires_grad=True)
+    q(x).sum().backward()
+    assert torch.equal(x.grad, (x.detach().abs() <= 1.0).float())
+
+
+def test_switches():
+    x = torch.randn(20) * 3
+    q = TensorQuantizer(desc(amax=1.0))
+    quantized = q(x)
+    q.disable()
+    assert q(x) is x and q.extra_repr() == "disabled"
+    q.enable()
+    q.disable_quant()
+    assert torch.equal(q(x), x)
+    q.enable_quant()
+    assert torch.equal(q(x), quantized)
+    assert TensorQuantizer(desc(amax=1.0), disabled=True)(x) is x
+    assert torch.equal(TensorQuantizer(desc(amax=1.0), if_quant=False)(x), x)
+
+
+def test_calibration_stage_max():
+    q = TensorQuantizer(desc(axis=0))
+    q.enable_calib()
+    q.disable_quant()
+    a, b = torch.randn(3, 5), torch.randn(3, 5) * 4
+    assert torch.equal(q(a), a)
+    q(b)
+    q.load_calib_amax()
+    expected = torch.maximum(a.abs().amax(1, keepdim=True), b.abs().amax(1, keepdim=True))
+    assert torch.equal(q.amax, expected) and q.amax.shape == (3, 1)
+    q.disable_calib()
+    q.enable_quant()
+    assert torch.equal(q(a), reference.fake_quantize_amax(a, expected, 8, False, False)[0])
+    q.load_calib_amax("max")  # the only method of a max calibrator
+    with pytest.raises(TypeError, match="MaxCalibrator"):
+        q.load_calib_amax("entropy")
+
+
+def test_calibration_histogram_and_strict():
+    q = TensorQuantizer(desc(calib_method="histogram"), if_calib=True, if_quant=False)
+    assert isinstance(q._calibrator, calib.HistogramCalibrator)
+    with pytest.raises(RuntimeError, match="strict=False"):
+        q.load_calib_amax("percentile")
+    with pytest.warns(UserWarning, match="not collected"):
+        q.load_calib_amax("percentile", strict=False)
+    assert q.amax is None  # still dynamic
+    q(torch.randn(10000))
+    q.load_calib_amax("percentile", percentile=99.0)
+    assert 2.0 < q.amax.item() < 3.0 and q.amax.shape == ()
+
+
+def test_amax_setter_and_step_size():
+    q = TensorQuantizer(desc(num_bits=8))
+    assert q.step_size is None
+    q.amax = 2.54
+    assert q.amax.dtype == torch.float32 and q.step_size.item() == pytest.approx(0.02)
+    q.amax = torch.tensor(1.27)
+    assert q.amax.item() == pytest.approx(1.27)
+    with pytest.raises(ValueError, match="shape"):
+        q.amax = [1.0, 2.0]
+    q.amax = None
+    assert q.amax is None and "_amax" not in q.state_dict()
+    with pytest.raises(TypeError):
+        q.amax = "a"
+
+
+def test_num_bits_unsigned_narrow_setters_and_maxbound():
+    q = TensorQuantizer(desc(num_bits=8, amax=1.0))
+    assert q.maxbound == 127
+    q.num_bits = 4
+    q.unsigned = True
+    assert q.maxbound == 15 and q._calibrator.num_bits == 4 and q._calibrator.unsigned
+    q.narrow_range = True
+    x = torch.rand(30)
+    assert torch.equal(q(x), reference.fake_quantize_amax(x, torch.tensor(1.0), 4, True, True)[0])
+    with pytest.raises(ValueError):
+        q.num_bits = 40
+    with pytest.raises(TypeError):
+        q.unsigned = 1
+    with pytest.raises(TypeError):
+        q.narrow_range = None
+    assert TensorQuantizer(desc(num_bits=(4, 3))).maxbound == 448.0
+
+
+def test_real_quantization_and_scale():
+    q = TensorQuantizer(desc(num_bits=8, amax=2.0, fake_quant=False, narrow_range=True))
+    x = torch.randn(10)
+    y = q(x)
+    ref, _ = reference.quantize_amax(x, torch.tensor(2.0), 8, False, True)
+    assert torch.equal(y, ref)
+    assert q.scale.item() == pytest.approx(127 / 2.0)
+
+
+def test_pre_quant_scale():
+    q = TensorQuantizer(desc(amax=1.0))
+    assert q.pre_quant_scale is None
+    q.pre_quant_scale = torch.tensor([0.5, 2.0])
+    x = torch.randn(3, 2)
+    assert torch.equal(q(x), reference.fake_quantize_amax(x * torch.tensor([0.5, 2.0]), torch.tensor(1.0),
+                                                         8, False, False)[0])
+    assert "_pre_quant_scale" in q.state_dict() and "pre_quant_scale" in q.extra_repr()
+    with pytest.raises(ValueError, match="shape"):
+        q.pre_quant_scale = torch.ones(3)
+    h = q(x.half())
+    assert h.dtype == torch.float16
+
+
+def test_learned_amax_clip_gradients():
+    q = TensorQuantizer(desc(num_bits=8, learn_amax=True, amax=1.0))
+    assert q._if_clip and isinstance(q.clip, quant_nn.Clip)
+    assert set(dict(q.named_parameters())) == {"clip.clip_value_min", "clip.clip_value_max"}
+    x = torch.tensor([-2.0, -1.0, -0.3, 0.2, 1.0, 3.0], requires_grad=True)
+    y = q(x)
+    assert torch.equal(y, reference.fake_quantize_amax(x.detach().clamp(-1, 1), torch.tensor(1.0), 8, False,
+                                                       False)[0])
+    y.backward(torch.arange(1.0, 7.0))
+    # PACT: the input gets the gradient strictly inside the range, each bound the sum where it clipped.
+    assert torch.equal(x.grad, torch.tensor([0.0, 0.0, 3.0, 4.0, 0.0, 0.0]))
+    assert q.clip.clip_value_min.grad.item() == 1.0 + 2.0
+    assert q.clip.clip_value_max.grad.item() == 5.0 + 6.0
+    q.disable_clip()
+    assert not q.clip.clip_value_max.requires_grad
+    q.enable_clip()
+    assert q.clip.clip_value_max.requires_grad
+
+
+def test_init_learn_amax():
+    q = TensorQuantizer(desc(learn_amax=True))
+    with pytest.raises(RuntimeError, match="amax"):
+        q.init_learn_amax()
+    q.amax = 3.0
+    q.init_learn_amax()
+    assert q.clip.clip_value_min.item() == -3.0 and q.clip.clip_value_max.item() == 3.0
+    with pytest.raises(RuntimeError, match="learn_amax"):
+        TensorQuantizer(desc(amax=1.0)).init_learn_amax()
+    with pytest.raises(ValueError, match="learn_amax"):
+        TensorQuantizer(desc(amax=1.0), if_clip=True)
+
+
+def test_clip_module_fixed_bounds():
+    clip = quant_nn.Clip(-1.0, torch.tensor([0.5, 2.0]))
+    x = torch.tensor([[-3.0, 3.0], [0.7, 0.7]])
+    assert torch.equal(clip(x), torch.tensor([[-1.0, 2.0], [0.5, 0.7]]))
+    assert clip.state_dict() == {}
+    with pytest.raises(ValueError, match="one value"):
+        quant_nn.Clip(-1.0, torch.tensor([1.0, 2.0]), learn_max=True)
+
+
+def test_block_quantization_static_and_dynamic():
+    x = torch.randn(4, 8) * torch.arange(1.0, 9.0)
+    dyn = TensorQuantizer(desc(num_bits=4, block_sizes={-1: 4, "type": "dynamic"}))
+    blocks = x.reshape(4, 2, 4)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    expected = reference.fake_quantize_amax(blocks, amax, 4, False, False)[0].reshape(4, 8)
+    assert torch.equal(dyn(x), expected)
+    static = TensorQuantizer(desc(num_bits=4, block_sizes={-1: 4}))
+    static.enable_calib()
+    static.disable_quant()
+    static(x)
+    static.load_calib_amax()
+    assert static.amax.shape == (4, 2, 1)
+    static.disable_calib()
+    static.enable_quant()
+    assert torch.equal(static(x), expected)
+    assert torch.equal(static(x * 0.5), reference.fake_quantize_amax(blocks * 0.5, amax, 4, False, False)[0]
+                       .reshape(4, 8))
+    with pytest.raises(ValueError, match="divide"):
+        dyn(torch.randn(4, 6))
+    per_row = TensorQuantizer(desc(block_sizes={-1: None, "type": "dynamic"}))  # per-token dynamic
+    assert torch.equal(per_row(x), reference.fake_quantize_amax(x, x.abs().amax(-1, keepdim=True), 8, False,
+                                                                 False)[0])
+
+
+def test_fp8_quantizer_raises_clearly():
+    with pytest.raises(NotImplementedError, match="E4M3"):
+        TensorQuantizer(desc(num_bits=(4, 3), amax=1.0))(torch.randn(4))
+
+
+def test_extra_repr():
+    q = TensorQuantizer(desc(num_bits=4, axis=0, amax=[[1.0], [2.0]], narrow_range=True, unsigned=True))
+    r = q.extra_repr()
+    assert "unsigned 4bit narrow fake axis=0 amax=[1.0000, 2.0000](2)" in r and "MaxCalibrator" in r
+    assert "amax=dynamic" in TensorQuantizer().extra_repr()
+
+
+def test_state_dict_round_trip():
+    q = TensorQuantizer(desc(axis=0))
+    q.enable_calib()
+    q(torch.randn(5, 3))
+    q.load_calib_amax()
+    q.pre_quant_scale = torch.full((1, 3), 0.5)
+    sd = q.state_dict()
+    assert set(sd) == {"_amax", "_pre_quant_scale"}
+    fresh = TensorQuantizer(desc(axis=0))
+    fresh.load_state_dict(sd)
+    assert torch.equal(fresh.amax, q.amax) and torch.equal(fresh.pre_quant_scale, q.pre_quant_scale)
+    learned = TensorQuantizer(desc(learn_amax=True, amax=2.0))
+    sd = learned.state_dict()
+    assert set(sd) == {"_amax", "clip.clip_value_min", "clip.clip_value_max"}
+    other = TensorQuantizer(desc(learn_amax=True))
+    other.load_state_dict(sd)
+    assert other.clip.clip_value_max.item() == 2.0 and other.amax.item() == 2.0
+
+
+def test_state_dict_amax_shape_can_change():
+    q = TensorQuantizer(desc(amax=1.0))
+    q.load_state_dict({"_amax": torch.tensor([[1.0], [2.0]])})
+    assert q.amax.shape == (2, 1)
+
+
+def test_amax_stays_float32_under_dtype_casts():
+    q = TensorQuantizer(desc(amax=0.1))
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        assert q.to(dtype).amax.dtype == torch.float32 and q.amax.item() == desc(amax=0.1).amax.item()
+    x = torch.randn(10, dtype=torch.float64)
+    assert torch.equal(q(x), reference.fake_quantize_amax(x, torch.tensor(0.1), 8, False, False)[0])
+    m = torch.nn.Sequential(quant_nn.Linear(4, 4, quant_desc_input=desc(amax=0.1))).half()
+    assert m[0].weight.dtype == torch.float16 and m[0].input_quantizer.amax.dtype == torch.float32
+
+
+def test_flat_per_channel_amax_is_laid_along_axis():
+    q = TensorQuantizer(desc(axis=0))
+    q.amax = torch.tensor([1.0, 2.0, 4.0])
+    x = torch.randn(3, 5) * 3
+    assert torch.equal(q(x), reference.fake_quantize_amax(x, torch.tensor([1.0, 2.0, 4.0]).reshape(3, 1), 8,
+                                                          False, False)[0])
+
+
+def test_use_fb_fake_quant_matches_torch():
+    q = TensorQuantizer(desc(axis=0, amax=[[1.0], [2.0]]))
+    x = torch.randn(2, 7) * 2
+    try:
+        TensorQuantizer.use_fb_fake_quant = True
+        y = q(x)
+    finally:
+        TensorQuantizer.use_fb_fake_quant = False
+    expected = torch.fake_quantize_per_channel_affine(x, torch.tensor([1.0, 2.0]) / 127, torch.zeros(2, dtype=torch.int32),
+                                                      0, -128, 127)
+    assert torch.equal(y, expected)
+
+
+def test_invalid_constructor_arguments():
+    with pytest.raises(TypeError, match="quant_desc"):
+        TensorQuantizer({"num_bits": 8})
+    with pytest.raises(TypeError, match="disabled"):
+        TensorQuantizer(desc(), disabled=1)
+    with pytest.raises(NotImplementedError, match="scale_bits"):
+        TensorQuantizer(desc(block_sizes={-1: 16, "scale_bits": (4, 3)}))
+
+
+def test_compile_fullgraph_matches_eager():
+    q = TensorQuantizer(desc(num_bits=8, axis=0, amax=[[1.0], [0.5], [2.0]]))
+    x = torch.randn(3, 16, requires_grad=True)
+    eager = q(x)
+    eager.sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    compiled = torch.compile(q, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    out.sum().backward()
+    assert torch.equal(out, eager) and torch.equal(x.grad, grad)
+
+
+def test_ops_and_quantizer_agree_on_default_range():
+    # pytorch-quantization's descriptor defaults to narrow_range=False while its
+    # fake_tensor_quant defaults to True: the quantizer follows the descriptor.
+    x = torch.tensor([-1.5, -0.999, 1.0])
+    assert TensorQuantizer(desc(amax=1.0))(x)[0].item() == pytest.approx(-128 / 127)
+    assert ops.fake_quantize_amax(x, 1.0)[0].item() == -1.0
+    assert math.isclose(TensorQuantizer(desc(amax=1.0, narrow_range=True))(x)[0].item(), -1.0)
