@@ -1,0 +1,83 @@
+"""Plain-PyTorch reference of fakequant's numerics contract (README, DESIGN.md): slow,
+obviously right, and what the tests and `python -m fakequant info` compare the operators to.
+
+    s  = scale (float32)           amax family: s = fp32(amax) / bound
+    xq = rint(fp32(x) / s) + zp    IEEE division, ties to even
+    y  = dtype_of_x((clamp(xq, qmin, qmax) - zp) * s)
+
+float16/bfloat16 inputs compute in float32, float64 inputs in float64.
+"""
+import torch
+
+AMAX_EPSILON = 2.0**-24
+
+
+def compute_dtype(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _broadcast_param(p, x, axis):
+    p = torch.as_tensor(p)
+    if axis is None:
+        return p.reshape(())
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    return p.reshape(shape)
+
+
+def fake_quantize_affine(x, scale, zero_point, axis, quant_min, quant_max):
+    """(y, mask) of the affine contract; mask marks xq in [quant_min, quant_max]."""
+    ct = compute_dtype(x)
+    s = _broadcast_param(scale, x, axis).to(x.device, torch.float32).to(ct)
+    zp = _broadcast_param(zero_point, x, axis).to(x.device, ct)
+    xq = torch.round(x.to(ct) / s) + zp
+    q = torch.clamp(xq, quant_min, quant_max)
+    y = ((q - zp) * s).to(x.dtype)
+    mask = (xq >= quant_min) & (xq <= quant_max)
+    return y, mask
+
+
+def amax_range(num_bits, unsigned, narrow_range):
+    bound = 2 ** (num_bits - 1 + int(unsigned)) - 1
+    qmin = 0 if unsigned else (-bound if narrow_range else -bound - 1)
+    return bound, qmin
+
+
+def _amax_common(x, amax, num_bits, unsigned, narrow_range):
+    ct = compute_dtype(x)
+    bound, qmin = amax_range(num_bits, unsigned, narrow_range)
+    a32 = torch.as_tensor(amax).to(x.device, torch.float32)
+    zero = a32 <= AMAX_EPSILON
+    s = torch.where(zero, torch.ones_like(a32), a32 / bound).to(ct)
+    r = torch.round(x.to(ct) / s)
+    q = torch.clamp(r, qmin, bound)
+    q = torch.where(zero, r.clamp(0, 0), q)  # amax ~ 0: everything to 0, NaN stays NaN
+    mask = x.to(ct).abs() <= a32.to(ct)
+    return q, s, mask
+
+
+def fake_quantize_amax(x, amax, num_bits=8, unsigned=False, narrow_range=True):
+    """(y, mask) of the amax family; mask marks |x| <= amax."""
+    q, s, mask = _amax_common(x, amax, num_bits, unsigned, narrow_range)
+    return (q * s).to(x.dtype), mask
+
+
+def quantize_amax(x, amax, num_bits=8, unsigned=False, narrow_range=True):
+    """(integer-valued q in x's dtype, mask)."""
+    q, _, mask = _amax_common(x, amax, num_bits, unsigned, narrow_range)
+    return q.to(x.dtype), mask
+
+
+def fake_quantize_min_max(x, min_range, max_range, num_bits=8):
+    """(y, mask) of pytorch-quantization's affine min/max quantizer; mask marks min <= x <= max."""
+    ct = compute_dtype(x)
+    mn = torch.as_tensor(min_range).to(x.device, torch.float32)
+    mx = torch.as_tensor(max_range).to(x.device, torch.float32)
+    step = (mx - mn) / (2**num_bits - 1)
+    first = torch.round(mn / step)
+    r = torch.round(x.to(ct) / step.to(ct))
+    q = torch.minimum(torch.maximum(r, first.to(ct)), (first + 2**num_bits - 1).to(ct))
+    y = (q * step.to(ct)).to(x.dtype)
+    xc = x.to(ct)
+    mask = (xc >= mn.to(ct)) & (xc <= mx.to(ct))
+    return y, mask
