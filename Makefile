@@ -11,7 +11,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 DEPS := $(VENV)/.deps-$(subst =,-,$(subst $() ,_,$(TORCH)))
 SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h csrc/*.cpp csrc/cpu/*.h csrc/cpu/*.cpp csrc/cuda/*.cu csrc/cuda/*.cuh)
 
-.PHONY: build test bench clean
+.PHONY: build test demo bench clean
 
 $(DEPS):
 	$(PYTHON) -m venv $(VENV)
@@ -21,13 +21,17 @@ $(DEPS):
 	touch $@
 
 $(VENV)/.built: $(DEPS) $(SOURCES)
-	MAX_JOBS=$(MAX_JOBS) $(PIP) install -q --no-build-isolation -e ".[test]"
+	MAX_JOBS=$(MAX_JOBS) $(PIP) install -q --no-build-isolation -e ".[test,demo]"
 	touch $@
 
 build: $(VENV)/.built
 
 test: build
 	$(PY) -m pytest -q tests
+
+# The main job: float training, PTQ with four calibrations, QAT, ONNX Runtime (examples/).
+demo: build
+	$(PY) examples/digits_qat.py --out demo-output
 
 bench: build
 	$(PY) benchmarks/bench_ops.py
