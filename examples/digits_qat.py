@@ -17,7 +17,6 @@ Everything is seeded: the numbers are the same on every run on a given machine.
 """
 import argparse
 import copy
-import math
 import os
 import tempfile
 import time
