@@ -39,3 +39,33 @@ bench: build
 
 clean:
 	rm -rf build *.egg-info fakequant/_C*.so fakequant/_build_info.py $(VENV)
+
+# `make cuda-build` compiles and links the CUDA kernels, no GPU needed, so that
+# a CUDA compile or link error fails CI: its own virtualenv with the CUDA build
+# of torch, the system toolkit's nvcc, and a build out of the source tree
+# (build/cuda), which leaves the CPU build of `make test` alone. It then loads
+# the library into that torch and checks that every operator has its kernels.
+CUDA_VENV ?= .venv-cuda
+CUDA_TORCH ?= torch==2.14.1
+CUDA_ARCH_LIST ?= 8.0;9.0
+CUDA_HOME ?= /usr/local/cuda
+CUDA_BUILD ?= build/cuda
+CUDA_PY := $(CUDA_VENV)/bin/python
+CUDA_PIP := $(CUDA_PY) -m pip --disable-pip-version-check
+CUDA_DEPS := $(CUDA_VENV)/.deps-$(subst =,-,$(CUDA_TORCH))
+
+$(CUDA_DEPS):
+	$(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_PIP) install -q --upgrade "setuptools>=64" wheel ninja
+	$(CUDA_PIP) install -q "$(CUDA_TORCH)" numpy
+	rm -f $(CUDA_VENV)/.deps-*
+	touch $@
+
+$(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
+	FAKEQUANT_WRITE_BUILD_INFO=0 FORCE_CUDA=1 CUDA_HOME="$(CUDA_HOME)" \
+	TORCH_CUDA_ARCH_LIST="$(CUDA_ARCH_LIST)" MAX_JOBS=$(MAX_JOBS) \
+	$(CUDA_PY) setup.py -q build_ext --build-lib $(CUDA_BUILD)/lib --build-temp $(CUDA_BUILD)/temp
+	$(CUDA_PY) .ci/check_cuda_build.py $(CUDA_BUILD)/lib
+	touch $@
+
+cuda-build: $(CUDA_BUILD)/.built

@@ -14,6 +14,11 @@ noise hits all of them alike:
   computes it, in plain PyTorch (saves the input for backward).
 
     python benchmarks/bench_ops.py [--numel 16777216] [--device cpu] [--json PATH] [--thp]
+    python benchmarks/bench_ops.py --device cuda        # or --device cpu,cuda
+
+On CUDA each sample is the time of ``--cuda-reps`` back-to-back calls between
+two CUDA events on the current stream, divided by their number, so that the
+host's launch overhead overlaps the kernels as it does in training.
 
 On CPU, most of ``clone``'s time at this size is the kernel zeroing the fresh
 4 KiB pages of its output. ``--thp`` reruns with PyTorch's
@@ -65,8 +70,9 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(fns, device, rounds, warmup=3):
-    """Median seconds per call of each function, calling them in turn every round."""
+def time_interleaved(fns, device, rounds, warmup=3, reps=1):
+    """Median seconds per call of each function, calling them in turn every round
+    (on CUDA, `reps` calls a sample, timed with CUDA events)."""
     for f in fns.values():
         for _ in range(warmup):
             f()
@@ -77,10 +83,11 @@ def time_interleaved(fns, device, rounds, warmup=3):
             if device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                f()
+                for _ in range(reps):
+                    f()
                 end.record()
                 end.synchronize()
-                samples[name].append(start.elapsed_time(end) / 1e3)
+                samples[name].append(start.elapsed_time(end) / 1e3 / reps)
             else:
                 t0 = time.perf_counter()
                 f()
@@ -112,11 +119,17 @@ def cases(x):
     amax_c = torch.full((channels, 1), 2.5, device=dev)
     amax = torch.tensor(2.5, device=dev)
     lo, hi = torch.tensor(-2.0, device=dev), torch.tensor(3.0, device=dev)
+    # On CUDA, parameters given as Python numbers would cost a host-to-device
+    # copy per call; a QAT module keeps them on the device.
+    if dev.type == "cuda":
+        s1, z1 = torch.tensor(0.02, device=dev), torch.tensor(0, dtype=torch.int32, device=dev)
+    else:
+        s1, z1 = 0.02, 0
     return [
         (
             "affine per-tensor",
             x,
-            lambda t: fakequant.fake_quantize_per_tensor_affine(t, 0.02, 0, -128, 127),
+            lambda t: fakequant.fake_quantize_per_tensor_affine(t, s1, z1, -128, 127),
             {"torch": lambda t: torch.fake_quantize_per_tensor_affine(t, 0.02, 0, -128, 127)},
         ),
         (
@@ -150,7 +163,7 @@ def cases(x):
     ]
 
 
-def run(numel, device, rounds):
+def run(numel, device, rounds, reps=1):
     torch.manual_seed(0)
     x = torch.randn(numel, device=device)
     grad = torch.randn(numel, device=device)
@@ -162,13 +175,14 @@ def run(numel, device, rounds):
         both = {"clone": fwd["clone"], "fakequant": forward_backward(ours, xin, g)}
         both.update({p: forward_backward(f, xin, g) for p, f in peers.items()})
         for mode, fns in ((FWD, fwd), (FWD_BWD, both)):
-            times = time_interleaved(fns, device, rounds)
+            times = time_interleaved(fns, device, rounds, reps=reps if device.type == "cuda" else 1)
             clone_time = times.pop("clone")
             limit = clone_time * (1 if mode == FWD else 2)
             bytes_moved = 2 * xin.numel() * xin.element_size() * (1 if mode == FWD else 2)
             for impl, t in times.items():
                 rows.append(
                     dict(
+                        device=str(device),
                         op=name,
                         mode=mode,
                         impl=impl,
@@ -183,8 +197,11 @@ def run(numel, device, rounds):
 
 def format_table(rows, numel, device):
     pages = "2 MiB pages (THP_MEM_ALLOC_ENABLE=1)" if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" else "4 KiB pages"
+    where = f"{torch.get_num_threads()} threads, {pages}"
+    if device.type == "cuda":
+        where = f"{torch.cuda.get_device_name(device)}, CUDA events"
     head = (
-        f"{numel} float32 elements on {device}, {torch.get_num_threads()} threads, {pages}; "
+        f"{numel} float32 elements on {device} ({where}); "
         "times are medians; 'x limit' is the time over "
         "clone's (two clones for fwd+bwd); 'fq faster' is this row's time over fakequant's\n"
     )
@@ -204,7 +221,8 @@ def format_table(rows, numel, device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--numel", type=int, default=1 << 24)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, or several: cpu,cuda")
+    parser.add_argument("--cuda-reps", type=int, default=10, help="calls per CUDA timing sample")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", help="also save the rows to this JSON file")
     parser.add_argument("--thp", action="store_true", help="rerun with THP_MEM_ALLOC_ENABLE=1")
@@ -213,13 +231,16 @@ def main():
         # torch reads the variable once, at start-up.
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
         os.execv(sys.executable, [sys.executable] + sys.argv)
-    device = torch.device(args.device)
-    rows = run(args.numel, device, args.rounds)
-    print(format_table(rows, args.numel, device))
+    rows = []
+    for device in [torch.device(d) for d in args.device.split(",")]:
+        device_rows = run(args.numel, device, args.rounds, args.cuda_reps)
+        print(format_table(device_rows, args.numel, device))
+        rows += device_rows
     if args.json:
         meta = dict(
             numel=args.numel,
-            device=str(device),
+            device=args.device,
+            gpu=torch.cuda.get_device_name() if "cuda" in args.device else None,
             torch=torch.__version__,
             threads=torch.get_num_threads(),
             machine=platform.processor() or platform.machine(),

@@ -1,0 +1,53 @@
+"""Checks the library that `make cuda-build` built out of the tree: it loads
+into the CUDA build of torch (so it links), every operator has a CPU and a CUDA
+kernel, and the CPU kernels of this build compute the contract. With a GPU
+present, the CUDA kernels are also compared with the CPU kernels.
+
+    python .ci/check_cuda_build.py build/cuda/lib
+"""
+import glob
+import sys
+
+import torch
+
+OPS = ("fake_quantize_affine", "fake_quantize_amax", "quantize_amax", "fake_quantize_min_max", "mask_backward")
+
+
+def main(lib_dir):
+    libs = glob.glob(f"{lib_dir}/fakequant/_C*.so")
+    if len(libs) != 1:
+        sys.exit(f"check_cuda_build: expected one fakequant/_C*.so under {lib_dir}, found {libs}")
+    if not torch.version.cuda:
+        sys.exit(f"check_cuda_build: torch {torch.__version__} has no CUDA")
+    torch.ops.load_library(libs[0])  # fails on an unresolved symbol
+    missing = [
+        f"{op} ({key})"
+        for op in OPS
+        for key in ("CPU", "CUDA")
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"fakequant::{op}", key)
+    ]
+    if missing:
+        sys.exit("check_cuda_build: no kernel for " + ", ".join(missing))
+
+    ops = torch.ops.fakequant
+    x = torch.tensor([-1.0, -0.25, 0.0, 0.3, 0.5, 2.0, float("nan")])
+    y, mask = ops.fake_quantize_amax(x, torch.tensor(1.0), 8, False, True)
+    s = torch.tensor(1.0) / 127
+    expected = torch.clamp(torch.round(x / s), -127, 127) * s
+    if not (torch.equal(y[:-1], expected[:-1]) and bool(y[-1].isnan()) and mask.tolist() == [0b0011111]):
+        sys.exit(f"check_cuda_build: CPU kernel gave {y.tolist()}, mask {mask.tolist()}")
+
+    checked = "kernels registered, CPU kernels correct"
+    if torch.cuda.is_available():
+        xc = torch.randn(1000, 37) * 3
+        for args in ((torch.tensor(2.5),), (torch.rand(1000, 1) + 0.5,)):
+            yc, mc = ops.fake_quantize_amax(xc.cuda(), *(a.cuda() for a in args), 8, False, True)
+            yr, mr = ops.fake_quantize_amax(xc, *args, 8, False, True)
+            if not (torch.equal(yc.cpu(), yr) and torch.equal(mc.cpu(), mr)):
+                sys.exit("check_cuda_build: CUDA and CPU kernels differ")
+        checked += f", CUDA equals CPU on {torch.cuda.get_device_name()}"
+    print(f"check_cuda_build: {libs[0]} with torch {torch.__version__} (CUDA {torch.version.cuda}): {checked}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "build/cuda/lib")

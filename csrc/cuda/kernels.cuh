@@ -1,0 +1,439 @@
+#pragma once
+// Device code of every CUDA operator, the twin of csrc/cpu/quantize_kernel.h:
+// each op family turns its parameters into per-parameter constants (Consts)
+// on the device, and one kernel applies them with the output and mask rule
+// chosen as template arguments. Host code (launching, checks) is in launch.cuh;
+// this header needs no CUDA runtime API.
+//
+// Work is split into warp tiles. In a tile each lane handles kVec consecutive
+// elements (one 128-bit load and store where input and output are 16-byte
+// aligned, one element otherwise), and the lanes' mask bits are gathered with
+// warp shuffles into whole bytes that one lane stores: no atomics, and every
+// tile starts on a byte boundary of the packed mask.
+//
+// Exactness: every operation of the contract is a correctly rounded
+// intrinsic (__fdiv_rn, __fmul_rn, ...), so neither --use_fast_math nor FMA
+// contraction could change a result; setup.py passes -fmad=false as well.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "../checks.h"
+
+namespace fakequant {
+namespace gpu {
+
+// float32 math for float32/float16/bfloat16 inputs, float64 for float64.
+template <typename scalar_t>
+using compute_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+enum class Output { kFake, kInteger };      // (q - zp) * scale, or q itself
+enum class Window { kQuantRange, kInput };  // mask: q unclamped in range, or x in [lo, hi]
+
+constexpr int kWarpSize = 32;
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / kWarpSize;
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// --- correctly rounded arithmetic, one rounding per operation ----------------
+
+__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+// Round half to even (cvt.rni), as std::nearbyint in the default rounding mode.
+__device__ __forceinline__ float round_half_even(float v) { return rintf(v); }
+__device__ __forceinline__ double round_half_even(double v) { return rint(v); }
+
+// --- per-parameter constants ---------------------------------------------------
+
+// lo/hi bound rint(x / scale) (the quantization range less the zero point).
+// Padded to 8 members so that a table entry is two (float) or four (double)
+// 128-bit loads.
+template <typename C>
+struct alignas(8 * sizeof(C)) Consts {
+  C scale, lo, hi, zero_point, window_lo, window_hi, pad0, pad1;
+};
+
+// An invalid parameter (possible only with value checks off) gives NaN
+// outputs and mask 0: every comparison with NaN is false.
+template <typename C>
+__device__ __forceinline__ Consts<C> invalid_consts() {
+  const C nan = std::numeric_limits<C>::quiet_NaN();
+  return Consts<C>{nan, nan, nan, nan, nan, nan, C(0), C(0)};
+}
+
+template <typename C>
+__device__ __forceinline__ Consts<C> load_consts(const Consts<C>* p) {
+  using V = std::conditional_t<std::is_same_v<C, float>, float4, double2>;
+  constexpr int kParts = sizeof(Consts<C>) / sizeof(V);
+  union {
+    V parts[kParts];
+    Consts<C> c;
+  } u;
+  const V* src = reinterpret_cast<const V*>(p);
+#pragma unroll
+  for (int i = 0; i < kParts; ++i) u.parts[i] = __ldg(src + i);
+  return u.c;
+}
+
+// A contiguous parameter tensor, read in its own dtype on the device so that
+// no conversion kernel has to run first.
+enum class ParamType : int8_t { kFloat, kDouble, kHalf, kBFloat16, kUInt8, kInt8, kInt16, kInt32, kInt64 };
+
+struct ParamPtr {
+  const void* data;
+  ParamType type;
+
+  // The value as `.to(at::kDouble)` gives it (exact for every type here but
+  // int64 beyond 2^53, which rounds to nearest as the CPU conversion does).
+  __device__ __forceinline__ double as_double(int64_t i) const {
+    switch (type) {
+      case ParamType::kFloat: return static_cast<const float*>(data)[i];
+      case ParamType::kDouble: return static_cast<const double*>(data)[i];
+      case ParamType::kHalf: return static_cast<float>(static_cast<const c10::Half*>(data)[i]);
+      case ParamType::kBFloat16:
+        return static_cast<float>(static_cast<const c10::BFloat16*>(data)[i]);
+      case ParamType::kUInt8: return static_cast<const uint8_t*>(data)[i];
+      case ParamType::kInt8: return static_cast<const int8_t*>(data)[i];
+      case ParamType::kInt16: return static_cast<const int16_t*>(data)[i];
+      case ParamType::kInt32: return static_cast<const int32_t*>(data)[i];
+      default: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    }
+  }
+  // The value as `.to(at::kFloat)` gives it (float64 rounds to nearest even).
+  __device__ __forceinline__ float as_float(int64_t i) const {
+    switch (type) {
+      case ParamType::kFloat: return static_cast<const float*>(data)[i];
+      case ParamType::kHalf: return static_cast<float>(static_cast<const c10::Half*>(data)[i]);
+      case ParamType::kBFloat16:
+        return static_cast<float>(static_cast<const c10::BFloat16*>(data)[i]);
+      default: return __double2float_rn(as_double(i));
+    }
+  }
+};
+
+// --- the op families: parameter i -> its constants (same as the CPU kernels) ---
+
+template <typename C>
+struct AffineFamily {
+  ParamPtr scale, zero_point;
+  int64_t quant_min, quant_max;
+
+  __device__ Consts<C> make(int64_t i) const {
+    const float s = scale.as_float(i);
+    const double z = zero_point.as_double(i);
+    // valid_scale and valid_zero_point of value_checks.h
+    if (!(isfinite(s) && s > 0.0f && z == rint(z) && z >= quant_min && z <= quant_max)) {
+      return invalid_consts<C>();
+    }
+    const auto zi = static_cast<int64_t>(z);
+    Consts<C> c{};
+    c.scale = static_cast<C>(s);
+    c.lo = static_cast<C>(quant_min - zi);
+    c.hi = static_cast<C>(quant_max - zi);
+    c.zero_point = static_cast<C>(zi);
+    return c;
+  }
+};
+
+template <typename C>
+struct MinMaxFamily {
+  ParamPtr min_range, max_range;
+  float levels;  // 2^num_bits - 1
+
+  __device__ Consts<C> make(int64_t i) const {
+    const float mn = min_range.as_float(i);
+    const float mx = max_range.as_float(i);
+    const float step = __fdiv_rn(__fsub_rn(mx, mn), levels);
+    if (!(isfinite(step) && step > 0.0f)) return invalid_consts<C>();
+    const float first = rintf(__fdiv_rn(mn, step));  // the integer min_range maps to
+    Consts<C> c{};
+    c.scale = static_cast<C>(step);
+    c.lo = static_cast<C>(first);
+    c.hi = static_cast<C>(__fadd_rn(first, levels));
+    c.window_lo = static_cast<C>(mn);
+    c.window_hi = static_cast<C>(mx);
+    return c;
+  }
+};
+
+template <typename C>
+struct AmaxFamily {
+  ParamPtr amax;
+  int64_t bound, quant_min;
+
+  __device__ Consts<C> make(int64_t i) const {
+    const float a = amax.as_float(i);
+    if (!(a >= 0.0f && isfinite(a))) return invalid_consts<C>();  // valid_amax
+    const bool zero = a <= kAmaxEpsilon;  // quantizes everything to 0
+    Consts<C> c{};
+    c.scale = zero ? C(1) : static_cast<C>(__fdiv_rn(a, static_cast<float>(bound)));
+    c.lo = zero ? C(0) : static_cast<C>(quant_min);
+    c.hi = zero ? C(0) : static_cast<C>(bound);
+    c.zero_point = C(0);
+    c.window_lo = -static_cast<C>(a);
+    c.window_hi = static_cast<C>(a);
+    return c;
+  }
+};
+
+// --- parameter lookup ------------------------------------------------------------
+
+// ParamLayout (../param_layout.h) by value, for the kernel's parameter space.
+// 25 is the most dimensions a TensorIterator takes; coalesced layouts rarely
+// have more than 3.
+struct DeviceLayout {
+  static constexpr int kMaxDims = 25;
+  int ndim;
+  int64_t sizes[kMaxDims];
+  int64_t param_strides[kMaxDims];
+};
+
+// Parameter offset of the first element of `row` (one run of the innermost
+// dimension), in index type I (32-bit where the tensor allows: cheaper division).
+template <typename I>
+__device__ __forceinline__ int64_t row_param_offset(const DeviceLayout& L, I row) {
+  int64_t offset = 0;
+  for (int d = L.ndim - 2; d > 0; --d) {
+    const I size = static_cast<I>(L.sizes[d]);
+    const I next = row / size;
+    offset += static_cast<int64_t>(row - next * size) * L.param_strides[d];
+    row = next;
+  }
+  if (L.ndim >= 2) offset += static_cast<int64_t>(row) * L.param_strides[0];  // row < sizes[0]
+  return offset;
+}
+
+// Per-tensor: one set of constants, which each thread makes from the
+// parameters itself (no table, no extra launch).
+template <typename C, typename Family>
+struct UniformParams {
+  Family family;
+};
+
+template <typename C>
+struct UniformLookup {
+  Consts<C> c;
+  template <typename Family>
+  __device__ explicit UniformLookup(const UniformParams<C, Family>& p) : c(p.family.make(0)) {}
+  __device__ __forceinline__ void seek(int64_t) {}
+  __device__ __forceinline__ const Consts<C>& get(int) { return c; }
+};
+
+// Per-channel or any broadcast: a table of constants (one entry per
+// parameter, made by prepare_kernel) and the layout that maps element e, in
+// memory order, to its entry.
+template <typename C>
+struct TableParams {
+  const Consts<C>* table;
+  DeviceLayout layout;
+  bool small_index;  // numel < 2^32: 32-bit index arithmetic
+};
+
+template <typename C>
+struct TableLookup {
+  const TableParams<C>& p;
+  int64_t inner, step;  // innermost run length and its parameter step (0, 1 or any)
+  int64_t row = 0, col = 0, j = 0, loaded = -1;
+  Consts<C> c;
+
+  __device__ explicit TableLookup(const TableParams<C>& params)
+      : p(params),
+        inner(params.layout.sizes[params.layout.ndim - 1]),
+        step(params.layout.param_strides[params.layout.ndim - 1]) {}
+
+  __device__ __forceinline__ int64_t row_offset(int64_t r) const {
+    return p.small_index ? row_param_offset<uint32_t>(p.layout, static_cast<uint32_t>(r))
+                         : row_param_offset<uint64_t>(p.layout, static_cast<uint64_t>(r));
+  }
+  // Positions the lookup at element e (one division per lane and tile).
+  __device__ __forceinline__ void seek(int64_t e) {
+    row = p.small_index ? static_cast<int64_t>(static_cast<uint32_t>(e) / static_cast<uint32_t>(inner))
+                        : static_cast<int64_t>(static_cast<uint64_t>(e) / static_cast<uint64_t>(inner));
+    col = e - row * inner;
+    j = row_offset(row) + col * step;
+  }
+  // Constants of the k-th element from the seek; k counts up from 0 by 1.
+  __device__ __forceinline__ const Consts<C>& get(int k) {
+    if (k > 0) {
+      if (++col == inner) {
+        col = 0;
+        j = row_offset(++row);
+      } else {
+        j += step;
+      }
+    }
+    if (j != loaded) {  // elements that share a channel load its constants once
+      c = load_consts(p.table + j);
+      loaded = j;
+    }
+    return c;
+  }
+};
+
+template <typename Params>
+struct LookupFor;
+template <typename C, typename Family>
+struct LookupFor<UniformParams<C, Family>> {
+  using type = UniformLookup<C>;
+};
+template <typename C>
+struct LookupFor<TableParams<C>> {
+  using type = TableLookup<C>;
+};
+
+// --- the element rule (the contract) --------------------------------------------
+
+template <Output O, Window W, typename C>
+__device__ __forceinline__ C quantize_value(C xv, const Consts<C>& p, unsigned& m) {
+  const C r = round_half_even(div_rn(xv, p.scale));
+  const C q = r < p.lo ? p.lo : (r > p.hi ? p.hi : r);  // NaN falls through both tests
+  m = W == Window::kQuantRange ? static_cast<unsigned>((r >= p.lo) & (r <= p.hi))
+                               : static_cast<unsigned>((xv >= p.window_lo) & (xv <= p.window_hi));
+  return O == Output::kFake ? mul_rn(q, p.scale) : add_rn(q, p.zero_point);
+}
+
+// Elements per 128-bit access.
+template <typename scalar_t>
+constexpr int kVec = 16 / static_cast<int>(sizeof(scalar_t));
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <int V>
+struct MaskBytes;  // V bytes of a bool mask as one access
+template <> struct MaskBytes<1> { using type = uint8_t; };
+template <> struct MaskBytes<2> { using type = uint16_t; };
+template <> struct MaskBytes<4> { using type = uint32_t; };
+template <> struct MaskBytes<8> { using type = uint2; };
+
+// Spreads V mask bits (element k at bit k) over V bool bytes.
+template <int V>
+__device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {
+  union {
+    typename MaskBytes<V>::type word;
+    uint8_t bytes[V];
+  } m;
+#pragma unroll
+  for (int k = 0; k < V; ++k) m.bytes[k] = static_cast<uint8_t>((bits >> k) & 1u);
+  *reinterpret_cast<typename MaskBytes<V>::type*>(dst) = m.word;
+}
+
+// One lane's part of a warp tile: elements e0 .. e0 + V - 1. With V > 1 they
+// are all in range and 16-byte aligned; with V == 1, e0 may be past the end.
+// Every lane of the warp calls it together (the mask shuffles).
+template <int V, Output O, Window W, bool kPacked, typename scalar_t, typename Lookup>
+__device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
+                                              scalar_t* __restrict__ y,
+                                              uint8_t* __restrict__ mask, int64_t e0, int64_t n,
+                                              Lookup& lookup, int lane) {
+  using C = compute_t<scalar_t>;
+  unsigned bits = 0;
+  if (V > 1 || e0 < n) {
+    const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
+    Pack<scalar_t, V> out;
+    lookup.seek(e0);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      unsigned m;
+      const C v = quantize_value<O, W>(static_cast<C>(in.v[k]), lookup.get(k), m);
+      out.v[k] = static_cast<scalar_t>(v);
+      bits |= m << k;
+    }
+    *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
+    if constexpr (!kPacked) store_bool_mask<V>(mask + e0, bits);
+  }
+  if constexpr (kPacked) {
+    // The first of each 8 / V lanes gathers their bits into the byte it stores.
+    constexpr int kLanesPerByte = 8 / V;
+#pragma unroll
+    for (int s = 1; s < kLanesPerByte; s *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s) << (V * s);
+    if (lane % kLanesPerByte == 0 && e0 < n) mask[e0 / 8] = static_cast<uint8_t>(bits);
+  }
+}
+
+// Elements [0, n_vec) in tiles of 32 * kVec (vector loads), then [n_vec, n) in
+// tiles of 32 (scalar loads). n_vec is a multiple of 32 * kVec, so of 8.
+template <typename scalar_t, Output O, Window W, bool kPacked, typename Params>
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                    uint8_t* __restrict__ mask, int64_t n, int64_t n_vec,
+                    const __grid_constant__ Params params) {
+  constexpr int V = kVec<scalar_t>;
+  constexpr int64_t kTileV = kWarpSize * V;
+  typename LookupFor<Params>::type lookup(params);
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
+
+  const int64_t vec_tiles = n_vec / kTileV;
+  for (int64_t t = warp; t < vec_tiles; t += nwarps) {
+    quantize_lane<V, O, W, kPacked>(x, y, mask, t * kTileV + lane * V, n, lookup, lane);
+  }
+  const int64_t scalar_tiles = (n - n_vec + kWarpSize - 1) / kWarpSize;
+  for (int64_t t = warp; t < scalar_tiles; t += nwarps) {
+    quantize_lane<1, O, W, kPacked>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, lane);
+  }
+}
+
+// The table of TableParams: the constants of each parameter.
+template <typename C, typename Family>
+__global__ void prepare_kernel(Consts<C>* __restrict__ table, int64_t count, const Family family) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) table[i] = family.make(i);
+}
+
+// --- backward: grad where mask, else +0 --------------------------------------------
+
+// Selecting on bit patterns (grad & -mask), as the CPU kernel does, masks a
+// NaN gradient to +0 too.
+template <typename bits_t>
+__device__ __forceinline__ bits_t select_bits(bits_t g, unsigned m) {
+  return g & static_cast<bits_t>(bits_t(0) - static_cast<bits_t>(m));
+}
+
+// Elements [0, n_vec) as 128-bit vectors, then [n_vec, n) one by one. A packed
+// mask holds element e at bit e % 8 of byte e / 8; a bool mask one byte per
+// element, used as it is (0 or 1), as the CPU kernel does.
+template <typename bits_t, bool kPacked>
+__global__ void __launch_bounds__(kThreads)
+    mask_backward_kernel(const bits_t* __restrict__ grad, const uint8_t* __restrict__ mask,
+                         bits_t* __restrict__ out, int64_t n, int64_t n_vec) {
+  constexpr int V = 16 / static_cast<int>(sizeof(bits_t));
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = tid; i < n_vec / V; i += stride) {
+    const int64_t e0 = i * V;
+    const Pack<bits_t, V> g = *reinterpret_cast<const Pack<bits_t, V>*>(grad + e0);
+    Pack<bits_t, V> o;
+    if constexpr (kPacked) {
+      const unsigned bits = mask[e0 / 8] >> (e0 % 8);  // V divides 8
+#pragma unroll
+      for (int k = 0; k < V; ++k) o.v[k] = select_bits(g.v[k], (bits >> k) & 1u);
+    } else {
+      union {
+        typename MaskBytes<V>::type word;
+        uint8_t bytes[V];
+      } m;
+      m.word = *reinterpret_cast<const typename MaskBytes<V>::type*>(mask + e0);
+#pragma unroll
+      for (int k = 0; k < V; ++k) o.v[k] = select_bits(g.v[k], m.bytes[k]);
+    }
+    *reinterpret_cast<Pack<bits_t, V>*>(out + e0) = o;
+  }
+  for (int64_t e = n_vec + tid; e < n; e += stride) {
+    const unsigned m = kPacked ? (mask[e / 8] >> (e % 8)) & 1u : mask[e];
+    out[e] = select_bits(grad[e], m);
+  }
+}
+
+}  // namespace gpu
+}  // namespace fakequant
