@@ -2,7 +2,8 @@
 // fake_tensor_quant): scale = amax / bound, amax broadcast to the input.
 #include <torch/library.h>
 
-#include "../checks.h"
+#include "../op_args.h"
+#include "../value_checks.h"
 #include "quantize_kernel.h"
 
 namespace fakequant {
@@ -13,10 +14,8 @@ template <Output O>
 std::tuple<at::Tensor, at::Tensor> amax_family(const at::Tensor& input, const at::Tensor& amax,
                                                int64_t num_bits, bool is_unsigned,
                                                bool narrow_range) {
-  check_input(input);
-  check_float_param(amax, "amax", input);
-  check_num_bits(num_bits);
-  const auto param_strides = broadcast_param_strides(amax, "amax", input);
+  const auto param_strides = check_amax_args(input, amax, num_bits);
+  check_amax_values(amax);
   const at::Tensor a = amax.to(at::kFloat).contiguous();
   const int64_t n = a.numel();
   const int64_t bound = amax_bound(num_bits, is_unsigned);
@@ -28,9 +27,6 @@ std::tuple<at::Tensor, at::Tensor> amax_family(const at::Tensor& input, const at
         const float* ap = a.const_data_ptr<float>();
         QuantParams<C> p(n);
         for (int64_t i = 0; i < n; ++i) {
-          TORCH_CHECK_VALUE(ap[i] >= 0.0f && std::isfinite(ap[i]),
-                            "fakequant: amax must be finite and >= 0 (as float32), got amax[", i,
-                            "] = ", ap[i]);
           const bool zero = ap[i] <= kAmaxEpsilon;  // quantizes everything to 0
           p.scale[i] = zero ? C(1) : static_cast<C>(ap[i] / static_cast<float>(bound));
           p.lo[i] = zero ? C(0) : static_cast<C>(quant_min);

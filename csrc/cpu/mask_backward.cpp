@@ -5,7 +5,7 @@
 
 #include <array>
 
-#include "../checks.h"
+#include "../op_args.h"
 #include "quantize_kernel.h"
 
 namespace fakequant {
@@ -58,21 +58,7 @@ void mask_backward_loop(const at::Tensor& grad, const at::Tensor& mask, at::Tens
 }
 
 at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask) {
-  check_input(grad, "grad");
-  TORCH_CHECK_VALUE(mask.device() == grad.device(), "fakequant: mask is on ", mask.device(),
-                    " but grad is on ", grad.device(), "; both must be on the same device");
-  if (mask.scalar_type() == at::kBool) {
-    TORCH_CHECK_VALUE(mask.sizes() == grad.sizes(), "fakequant: a bool mask must have grad's shape ",
-                      grad.sizes(), ", got ", mask.sizes());
-  } else {
-    TORCH_CHECK_TYPE(mask.scalar_type() == at::kByte,
-                     "fakequant: mask must be uint8 (packed bits) or bool, got ",
-                     mask.scalar_type());
-    TORCH_CHECK_VALUE(mask.dim() == 1 && mask.numel() == (grad.numel() + 7) / 8,
-                      "fakequant: a packed mask for grad of ", grad.numel(),
-                      " elements must be 1-D with ", (grad.numel() + 7) / 8, " bytes, got shape ",
-                      mask.sizes());
-  }
+  check_mask_backward_args(grad, mask);
   // Bit i of a packed mask belongs to element i of the output in memory order;
   // the autograd formulas pass grad with the forward output's strides, so
   // neither copy below happens in training.

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../op_args.h"
 #include "../param_layout.h"
 
 namespace fakequant {
@@ -160,20 +161,6 @@ void quantize_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const P
       if (packed) pack_bits(local, e1 - e0, mp + e0 / 8);
     }
   });
-}
-
-// `input` itself when it is laid out like `out` (dense, same strides), else a
-// copy of it with out's strides, so that both are walked in one memory order.
-inline at::Tensor dense_like(const at::Tensor& input, const at::Tensor& out) {
-  if (input.is_non_overlapping_and_dense() && input.strides() == out.strides()) return input;
-  at::Tensor copy = at::empty_like(out, input.options());
-  copy.copy_(input);
-  return copy;
-}
-
-inline at::Tensor new_mask(const at::Tensor& y, bool packed) {
-  if (packed) return at::empty({(y.numel() + 7) / 8}, y.options().dtype(at::kByte));
-  return at::empty_like(y, y.options().dtype(at::kBool));
 }
 
 // Dispatches on input's dtype and runs the loop with the params that
