@@ -9,6 +9,13 @@ for float64 inputs) and rounded once to the input's dtype. The backward is the
 straight-through estimator with clipping: the gradient passes where the
 forward's mask is set and is 0 elsewhere. The mask is saved at one bit per
 element.
+
+Invalid parameter values (scale <= 0, amax < 0, ...) raise ValueError for CPU
+tensors. Checking them on CUDA tensors needs a device synchronisation, so there
+they are checked only with the environment variable FAKEQUANT_CHECK_VALUES=1
+(read at the first CUDA call); otherwise an invalid value gives NaN outputs.
+On CUDA, pass scale/zero_point/amax as device tensors: a Python number becomes
+a host-to-device copy on every call (and cannot be captured in a CUDA graph).
 """
 from typing import Optional, Sequence, Tuple, Union
 
