@@ -155,20 +155,32 @@ def deactivate():
 
 
 @contextlib.contextmanager
-def enable_onnx_export():
+def enable_onnx_export(clip_narrow_range=True):
     """Context manager for ``torch.onnx.export`` of a quantized model.
 
-    Inside it every quantizer checks it is calibrated, and fake quantization
-    runs through torch's ``fake_quantize_per_tensor/channel_affine`` (full
-    integer range), which torch's ONNX exporter writes as QuantizeLinear /
-    DequantizeLinear pairs. The previous settings come back on exit, also
-    when the export raises.
+    Not needed for the export itself: ``import fakequant`` registers the export
+    of its operators with both of torch's exporters, and quantizers export as
+    QuantizeLinear/DequantizeLinear pairs with their exact range (README,
+    "Export to ONNX"). Inside the context:
+
+    * every enabled quantizer checks that it has an amax (a quantizer that
+      was never calibrated raises; ``dynamic`` ones export a computed scale,
+      with a warning);
+    * the export options apply: ``clip_narrow_range=False`` drops the Clip that
+      makes a narrow range (``[-127, 127]``) exact, as TensorRT needs.
+
+    ``TensorQuantizer.use_fb_fake_quant`` is set too (pytorch-quantization did
+    so; scripts read it), but quantizers keep fakequant's operators inside the
+    context. The previous settings come back on exit, also when the export raises.
     """
+    from .onnx import export_options
+
     saved = (TensorQuantizer._enable_onnx_export, TensorQuantizer.use_fb_fake_quant)
     TensorQuantizer._enable_onnx_export = True
     TensorQuantizer.use_fb_fake_quant = True
     try:
-        yield
+        with export_options(clip_narrow_range=clip_narrow_range):
+            yield
     finally:
         TensorQuantizer._enable_onnx_export, TensorQuantizer.use_fb_fake_quant = saved
 

@@ -49,7 +49,8 @@ class TensorQuantizer(nn.Module):
     """
 
     # Class-wide switch: quantize with torch's own fake_quantize_per_*_affine
-    # (full integer range), which torch.onnx exports as QuantizeLinear/DequantizeLinear.
+    # (full integer range, torch's rounding). Not for export: fakequant's own
+    # operators export exactly, and are used whenever an ONNX export runs.
     use_fb_fake_quant = False
     # Set by quant_modules.enable_onnx_export(): check that every quantizer is calibrated.
     _enable_onnx_export = False
@@ -324,7 +325,12 @@ class TensorQuantizer(nn.Module):
         amax = self._buffers.get("_amax")
         if amax is None or self._dynamic:
             if self._axis is None:
-                amax = reduce_amax(inputs, axis=None)
+                if torch.onnx.is_in_onnx_export():
+                    # (the dynamo exporter cannot translate the aminmax reduce_amax uses,
+                    # nor an amax without dims)
+                    amax = inputs.detach().abs().amax(dim=tuple(range(inputs.dim())))
+                else:
+                    amax = reduce_amax(inputs, axis=None)
             else:
                 kept = self._kept_axes(inputs.dim())
                 reduce_dims = tuple(d for d in range(inputs.dim()) if d not in kept)
@@ -335,7 +341,10 @@ class TensorQuantizer(nn.Module):
                 amax = amax.to(inputs.device)
                 self._buffers["_amax"] = amax
             amax = self._broadcastable(amax, inputs)
-        amax = amax.detach()
+        if amax.requires_grad:
+            # (only then: an exported graph would carry an Identity per detach,
+            # which ONNX's converter cannot take below opset 16)
+            amax = amax.detach()
         if self._scale_amax is not None:
             amax = amax * self._scale_amax
         return amax
@@ -376,7 +385,7 @@ class TensorQuantizer(nn.Module):
             return reduce_amax(blocked, axis=tuple(inner), keepdims=True).detach().reshape(
                 [1 if d in inner else n for d, n in enumerate(blocked.shape)])
         amax = amax.to(blocked.device) if amax.device != blocked.device else amax
-        return amax.detach()
+        return amax.detach() if amax.requires_grad else amax
 
     # -- forward ------------------------------------------------------------------------
     def _fb_fake_quant(self, inputs, amax):
@@ -400,14 +409,17 @@ class TensorQuantizer(nn.Module):
         if not self._fake_quant:
             outputs, self._scale = tensor_quant(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
             return outputs
-        if TensorQuantizer.use_fb_fake_quant:
+        if TensorQuantizer.use_fb_fake_quant and not (TensorQuantizer._enable_onnx_export
+                                                     or torch.onnx.is_in_onnx_export()):
             return self._fb_fake_quant(inputs, amax)
         return ops.fake_quantize_amax(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
 
     def _quant_forward(self, inputs):
         if self._learn_amax:
             inputs = self.clip(inputs)
-            amax = torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach()
+            neg_min, clip_max = -self.clip.clip_value_min, self.clip.clip_value_max
+            # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
+            amax = torch.where(neg_min > clip_max, neg_min, clip_max).detach()
             return self._quantize(inputs, amax)
         if self._block_sizes is not None:
             blocked, inner = self._blocked_view(inputs)
@@ -430,9 +442,10 @@ class TensorQuantizer(nn.Module):
     def _check_onnx_readiness(self, inputs):
         if self._disabled or not self._if_quant:
             return
-        if self.amax is None and not self._learn_amax:
+        if self.amax is None and not self._learn_amax and not self._dynamic:
             raise RuntimeError("ONNX export needs calibrated quantizers: this TensorQuantizer has no amax "
-                               "(calibrate and load_calib_amax() first)")
+                               "(calibrate and load_calib_amax() first, or make it dynamic to export a "
+                               "scale computed from each input)")
         if self._if_calib:
             warnings.warn("a TensorQuantizer is still calibrating during ONNX export", stacklevel=3)
 

@@ -1,0 +1,94 @@
+"""ONNX export of fakequant models as QuantizeLinear/DequantizeLinear (QDQ) graphs.
+
+``import fakequant`` registers the export of every ``torch.ops.fakequant``
+operator with both of torch's exporters, so models that use the operators, the
+quantizers or the ``quant_nn`` modules export with a plain ``torch.onnx.export``:
+
+* TorchScript (``dynamo=False``): symbolic functions registered with
+  ``torch.onnx.register_custom_op_symbolic`` (:mod:`.symbolic_torchscript`);
+* dynamo (``dynamo=True``, the default): translations added to the exporter's
+  registry (:mod:`.translation_dynamo`); :func:`custom_translation_table` is the
+  same table, for ``torch.onnx.export(custom_translation_table=...)``.
+
+:func:`export` does both with fakequant's options and checks. The graph and its
+numerics are described in README.md ("Export to ONNX").
+"""
+import torch
+
+from . import _lowering, _options, symbolic_torchscript, translation_dynamo  # noqa: F401
+from ._lowering import ExportWarning
+from ._options import ExportOptions, export_options
+from .translation_dynamo import custom_translation_table
+
+__all__ = ["export", "export_options", "ExportOptions", "ExportWarning", "custom_translation_table", "register"]
+
+
+def register():
+    """Registers the export of the ``torch.ops.fakequant`` operators with both
+    exporters. Runs on ``import fakequant``; calling it again is harmless."""
+    symbolic_torchscript.register()
+    translation_dynamo.install()
+
+
+def export(model, args, f=None, *, dynamo=True, opset_version=None, clip_narrow_range=True,
+           custom_translation_table=None, **kwargs):
+    """``torch.onnx.export`` of a fakequant model, inside
+    :func:`fakequant.enable_onnx_export` (every enabled quantizer must have an
+    amax, or be ``dynamic``).
+
+    Args:
+        model, args, f: as ``torch.onnx.export``.
+        dynamo: the exporter, as ``torch.onnx.export`` (default True).
+        opset_version: ONNX opset; fakequant needs 13 or more (int4/uint4 and
+            int16 QDQ from 21). Default: torch's default. The dynamo exporter
+            builds opset 18; below that, this function converts the graph
+            with ONNX's converter before or after optimizing it, whichever
+            works, and raises if neither does (torch would silently keep
+            opset 18).
+        clip_narrow_range: keep the Clip that makes a narrow range such as
+            ``[-127, 127]`` exact (default); False drops it, for TensorRT.
+        custom_translation_table: more dynamo translations; fakequant's are added.
+        **kwargs: passed to ``torch.onnx.export``.
+
+    Returns:
+        What ``torch.onnx.export`` returns (an ``ONNXProgram`` with dynamo).
+    """
+    from ..quant_modules import enable_onnx_export
+
+    if opset_version is not None and opset_version < symbolic_torchscript.MIN_OPSET:
+        raise ValueError(f"fakequant ONNX export needs opset_version >= {symbolic_torchscript.MIN_OPSET}, "
+                         f"got {opset_version}")
+    if not dynamo:
+        if custom_translation_table:
+            raise ValueError("custom_translation_table is for the dynamo exporter (dynamo=True)")
+        if opset_version is not None:
+            kwargs["opset_version"] = opset_version
+        with enable_onnx_export(clip_narrow_range=clip_narrow_range):
+            return torch.onnx.export(model, args, f, dynamo=False, **kwargs)
+
+    table = translation_dynamo.custom_translation_table()
+    table.update(custom_translation_table or {})
+    kwargs["custom_translation_table"] = table
+    convert_to = None
+    if opset_version is not None and opset_version < translation_dynamo.BUILD_OPSET:
+        # torch converts before it optimizes, and gives up (keeping opset 18)
+        # where ONNX's converter has no adapter; convert_opset tries both orders.
+        convert_to, opset_version = opset_version, translation_dynamo.BUILD_OPSET
+        optimize = kwargs.pop("optimize", True)
+        kwargs["optimize"] = False
+    if opset_version is not None:
+        kwargs["opset_version"] = opset_version
+    save = {k: kwargs.pop(k) for k in ("export_params", "keep_initializers_as_inputs", "external_data")
+            if k in kwargs}
+    with enable_onnx_export(clip_narrow_range=clip_narrow_range):
+        program = torch.onnx.export(model, args, None if convert_to else f, dynamo=True, **kwargs, **(
+            {} if convert_to else save))
+    if convert_to is not None:
+        translation_dynamo.convert_opset(program, convert_to, optimize)
+        if f is not None:
+            program.save(f, include_initializers=save.get("export_params", True),
+                         keep_initializers_as_inputs=save.get("keep_initializers_as_inputs", False),
+                         external_data=save.get("external_data", None))
+    return program
+
+register()

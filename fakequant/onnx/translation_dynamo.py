@@ -1,0 +1,254 @@
+"""The dynamo exporter (``torch.onnx.export(..., dynamo=True)``, torch's
+default): ONNX translations of the ``torch.ops.fakequant`` operators.
+
+:func:`custom_translation_table` is what ``torch.onnx.export`` takes as
+``custom_translation_table``. On ``import fakequant`` the same table is also
+added to every registry the exporter builds (:func:`install`), so a plain
+``torch.onnx.export(model, args, dynamo=True)`` needs nothing more; where a
+torch version does not allow that, pass the table yourself or use
+:func:`fakequant.onnx.export`.
+
+The translations are traced Python functions: the exporter calls them with
+``onnx_ir`` values for the tensors and Python values for the other arguments,
+under an onnxscript evaluator that records the ops. The scale is built from
+the amax initializer with ONNX ops, which the exporter's optimizer (on by
+default, ``optimize=True``) folds into one float32 initializer.
+"""
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+
+import torch
+
+from . import _lowering
+
+_ONNX_TO_TORCH = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torch.float64,
+                  6: torch.int32, 7: torch.int64, 3: torch.int8, 2: torch.uint8, 5: torch.int16, 9: torch.bool}
+# The dynamo exporter builds graphs at opset 18 or above (lower opsets are
+# converted afterwards).
+BUILD_OPSET = _DEFAULT_OPSET = 18
+
+
+def _target_opset():
+    from onnxscript import evaluator
+
+    opset = getattr(evaluator.default(), "opset", None)
+    version = getattr(opset, "version", None)
+    return version if isinstance(version, int) else _DEFAULT_OPSET
+
+
+class _DynamoBuilder(_lowering.Builder):
+    def __init__(self):
+        import onnxscript
+
+        self.opset = _target_opset()
+        self._op = onnxscript.values.Opset("", self.opset)
+
+    def op(self, op_type, *inputs, **attrs):
+        return getattr(self._op, op_type)(*inputs, **attrs)
+
+    def const(self, tensor):
+        import onnx_ir as ir
+
+        return self._op.Constant(value=ir.tensor(tensor.numpy()))
+
+    def dtype(self, value):
+        dtype = getattr(value, "dtype", None)
+        return None if dtype is None else _ONNX_TO_TORCH.get(int(dtype))
+
+    def shape(self, value):
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            return None
+        return tuple(d if isinstance(d, int) else None for d in shape)
+
+    def depends_on(self, value, other, limit=10_000):
+        seen, stack = set(), [value]
+        while stack and len(seen) < limit:
+            v = stack.pop()
+            if v is other:
+                return True
+            if v is None or id(v) in seen:
+                continue
+            seen.add(id(v))
+            node = v.producer()
+            if node is not None:
+                stack.extend(node.inputs)
+        return False
+
+    def unused_mask(self):
+        # The operators' second output (the packed mask for the backward) has
+        # no use in an inference graph; the optimizer drops it.
+        return self.const(torch.zeros(0, dtype=torch.uint8))
+
+
+def fake_quantize_amax(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+    b = _DynamoBuilder()
+    y = _lowering.lower_amax(b, input, amax, num_bits, unsigned, narrow_range)
+    return y, b.unused_mask()
+
+
+def quantize_amax(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+    b = _DynamoBuilder()
+    y = _lowering.lower_amax(b, input, amax, num_bits, unsigned, narrow_range, integer_output=True)
+    return y, b.unused_mask()
+
+
+def fake_quantize_affine(input, scale, zero_point, axis=None, quant_min=-128, quant_max=127, pack_mask=True):
+    b = _DynamoBuilder()
+    y = _lowering.lower_affine(b, input, scale, zero_point, axis, quant_min, quant_max)
+    return y, b.unused_mask()
+
+
+def fake_quantize_min_max(input, min_range, max_range, num_bits=8):
+    b = _DynamoBuilder()
+    y = _lowering.lower_min_max(b, input, min_range, max_range, num_bits)
+    return y, b.unused_mask()
+
+
+def convert_opset(program, opset_version, optimize=True):
+    """Converts an unoptimized ``ONNXProgram`` (built at opset 18) down to
+    ``opset_version`` in place with ONNX's converter, and optimizes it.
+
+    ONNX's converter lacks some down-adapters and gets some wrong: torch
+    converts before it optimizes, which fails on the quantizers' scale
+    arithmetic (no Div-14 -> 13 adapter) and on computed inputs of others
+    (ReduceMean-18's axes), and lets the optimizer write opset-18 nodes into
+    the converted graph (Split with num_outputs); converting after optimizing
+    fails on other ops. Both orders are tried, and the result is checked;
+    RuntimeError if neither gives a valid graph.
+    """
+    import logging
+
+    import onnx
+    import onnx_ir as ir
+    from onnxscript import version_converter
+
+    original = ir.serde.serialize_model(program.model)
+    causes = []
+
+    def convert():
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger(version_converter.__name__)
+        logger.addHandler(handler)
+        try:
+            version_converter.convert_version(program.model, opset_version, fallback=True)
+        finally:
+            logger.removeHandler(handler)
+        if program.model.opset_imports.get("") == opset_version:
+            return True
+        # The converter logs (and swallows) its failure.
+        causes.extend(str(r.exc_info[1]).split(": ")[-1] for r in records if r.exc_info)
+        return False
+
+    for optimize_first in (False, True):
+        program.model = ir.serde.deserialize_model(original)
+        if optimize_first:
+            program.optimize()
+        if not convert():
+            continue
+        if optimize and not optimize_first:
+            program.optimize()
+        try:
+            onnx.checker.check_model(program.model_proto)
+            return
+        except onnx.checker.ValidationError as e:
+            causes.append(str(e).strip().splitlines()[0])
+    program.model = ir.serde.deserialize_model(original)
+    raise RuntimeError(
+        f"ONNX's version converter cannot convert this graph from opset {BUILD_OPSET} to {opset_version} "
+        f"({'; '.join(dict.fromkeys(causes)) or 'no reason given'}); export at opset_version >= "
+        f"{BUILD_OPSET} with dynamo=True, or use dynamo=False")
+
+
+def custom_translation_table():
+    """``{torch.ops.fakequant.<op>.default: translation}`` for ``torch.onnx.export(custom_translation_table=...)``."""
+    ops = torch.ops.fakequant
+    return {
+        ops.fake_quantize_amax.default: fake_quantize_amax,
+        ops.quantize_amax.default: quantize_amax,
+        ops.fake_quantize_affine.default: fake_quantize_affine,
+        ops.fake_quantize_min_max.default: fake_quantize_min_max,
+    }
+
+
+# --- registration without the user passing the table ------------------------------------
+#
+# The exporter builds a fresh registry for each export from torch's own list of
+# translations (``_torchlib_registry._registry``). Adding ours to that list
+# makes every export find them, with no argument; a table the user passes still
+# takes precedence (it is registered later, in front). That module imports
+# onnxscript (half a second), so it is not imported here: the entries are added
+# when the exporter's registration module is first imported.
+
+# The two modules import each other; the entries can be added once both have run.
+_HOOKED_MODULES = ("torch.onnx._internal.exporter._registration",
+                   "torch.onnx._internal.exporter._torchlib._torchlib_registry")
+_installed = False
+
+
+def _add_to_torch_registry():
+    global _installed
+    if _installed:
+        return True
+    try:
+        from torch.onnx._internal.exporter import _registration
+        from torch.onnx._internal.exporter._torchlib import _torchlib_registry
+
+        entries = _torchlib_registry._registry
+        for target, fn in custom_translation_table().items():
+            entries.append(_registration.OnnxDecompMeta(
+                onnx_function=fn, fx_target=target, signature=None, is_custom=True))
+    except Exception:  # noqa: BLE001  (a torch without these internals: pass the table instead)
+        return False
+    _installed = True
+    return True
+
+
+class _LoaderHook(importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _add_to_torch_registry()
+
+
+class _FinderHook(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self.pending = set(_HOOKED_MODULES) - set(sys.modules)
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.pending:
+            return None
+        self.pending.discard(fullname)
+        if not self.pending:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _LoaderHook(spec.loader)
+        return spec
+
+
+def install():
+    """Makes the dynamo exporter use fakequant's translations without arguments.
+    Returns True once they are in torch's registry, False while that waits for
+    the exporter's first import."""
+    if _installed:
+        return True
+    if all(name in sys.modules for name in _HOOKED_MODULES):
+        return _add_to_torch_registry()
+    if not any(isinstance(f, _FinderHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _FinderHook())
+    return False
+
+
+def is_installed():
+    """Whether torch's exporter registry holds fakequant's translations."""
+    return _installed

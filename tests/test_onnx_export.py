@@ -1,0 +1,271 @@
+"""ONNX export options, warnings and the graphs of what has no plain QDQ form:
+the TensorRT option for narrow ranges, dynamic amax, 9..16 bits, float64,
+block quantization, learned ranges, disabled quantizers, bfloat16, and the
+switches (enable_onnx_export, use_fb_fake_quant, opset checks, registration)."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+import fakequant  # noqa: E402
+from fakequant import nn as quant_nn  # noqa: E402
+from fakequant.nn import TensorQuantizer  # noqa: E402
+from fakequant.onnx import ExportWarning, translation_dynamo  # noqa: E402
+from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
+
+EXPORTERS = ["torchscript", "dynamo"]
+
+
+def export_and_run(module, x, exporter, opset, path, export=None, session_options=None, **kwargs):
+    """(graph, ONNX Runtime's output, fakequant ExportWarnings) of ``module`` exported at ``opset``."""
+    module.eval()
+    export = export or fakequant.onnx.export
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export(module, (x,), str(path), dynamo=exporter == "dynamo", opset_version=opset, input_names=["x"],
+               **({"verbose": False} if exporter == "dynamo" else {}), **kwargs)
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto, full_check=True)
+    session = ort.InferenceSession(str(path), session_options, providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x.numpy()})[0]
+    return proto, got, [str(w.message) for w in caught if issubclass(w.category, ExportWarning)]
+
+
+def op_types(proto):
+    return [n.op_type for n in proto.graph.node]
+
+
+def quantizer(**desc):
+    return TensorQuantizer(QuantDescriptor(**desc))
+
+
+X = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0)) * 3
+
+
+# --- narrow range: exact by default, Clip dropped for TensorRT on request ------------------------
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_narrow_range_clip_can_be_dropped_for_tensorrt(exporter, tmp_path):
+    q = quantizer(amax=2.0, narrow_range=True)
+    s = torch.tensor(2.0) / 127
+    x = torch.cat([X.flatten(), torch.tensor([-127.49, -127.5, -127.51, -128.0, -300.0]) * s]).reshape(1, -1)
+    expected = q(x).detach().numpy()
+
+    proto, got, caught = export_and_run(q, x, exporter, 17, tmp_path / "exact.onnx")
+    assert "Clip" in op_types(proto) and not caught
+    assert np.array_equal(got, expected)
+
+    with fakequant.enable_onnx_export(clip_narrow_range=False):
+        proto, got, caught = export_and_run(q, x, exporter, 17, tmp_path / "trt.onnx", export=torch.onnx.export)
+    assert op_types(proto).count("Clip") == 0
+    assert len(caught) == 1 and "clip_narrow_range=False" in caught[0] and "-128" in caught[0]
+    differ = got != expected
+    # Only where x / s rounds to -128 does the graph differ: -128 s instead of -127 s.
+    assert np.array_equal(differ, (x / s).round().numpy() <= -128)
+    assert np.array_equal(got[differ], np.full(differ.sum(), (-128 * s).item(), np.float32))
+
+
+# --- dynamic amax ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("axis", [None, 1])
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_dynamic_amax_exports_a_computed_scale_with_a_warning(exporter, axis, tmp_path):
+    q = quantizer(dynamic=True, axis=axis)
+    proto, got, caught = export_and_run(q, X, exporter, 17, tmp_path / "m.onnx")
+    assert np.array_equal(got, q(X).numpy())
+    assert op_types(proto).count("QuantizeLinear") == 1 and "ReduceMax" in op_types(proto)
+    assert len(caught) == 1 and "TensorRT" in caught[0] and "constant scales" in caught[0]
+
+
+# --- what has no plain QDQ form: exact all the same ---------------------------------------------
+
+FALLBACKS = [
+    # (name, quantizer descriptor, dtype, exporter, opset, QDQ expected, warning expected)
+    ("16bit_opset17", dict(num_bits=16, amax=3.0), torch.float32, "dynamo", 18, False, "opset_version >= 21"),
+    ("16bit_torchscript", dict(num_bits=16, amax=3.0), torch.float32, "torchscript", 17, False, "TorchScript"),
+    ("16bit_int16", dict(num_bits=16, amax=3.0), torch.float32, "dynamo", 21, True, None),
+    ("12bit_per_channel_int16", dict(num_bits=12, axis=1, amax=torch.tensor([[[1.0], [2.0], [3.0], [4.0]]])),
+     torch.float32, "dynamo", 21, True, None),
+    ("float64", dict(amax=3.0), torch.float64, "torchscript", 17, False, "float64"),
+    ("float64", dict(amax=3.0), torch.float64, "dynamo", 18, False, "float64"),
+    ("blocks", dict(block_sizes={-1: 4}), torch.float32, "torchscript", 17, False, "more than one axis"),
+    ("blocks", dict(block_sizes={-1: 4}), torch.float32, "dynamo", 18, False, "more than one axis"),
+]
+
+
+@pytest.mark.parametrize("name, desc, dtype, exporter, opset, qdq, warning", FALLBACKS,
+                         ids=[f"{f[0]}-{f[3]}" for f in FALLBACKS])
+def test_ranges_without_a_qdq_type_export_exactly(name, desc, dtype, exporter, opset, qdq, warning, tmp_path):
+    q = quantizer(**desc)
+    x = X.to(dtype) * 2
+    if q.amax is None:  # calibrate the blocks
+        q.enable_calib(), q.disable_quant(), q(x), q.load_calib_amax(), q.disable_calib(), q.enable_quant()
+    proto, got, caught = export_and_run(q, x, exporter, opset, tmp_path / "m.onnx")
+    assert np.array_equal(got, q(x).numpy())
+    assert ("QuantizeLinear" in op_types(proto)) == qdq, op_types(proto)
+    if warning is None:
+        assert not caught
+    else:
+        assert len(caught) == 1 and warning in caught[0] and "Div/Round" in caught[0], caught
+    if qdq:
+        types = {t.data_type for t in proto.graph.initializer} | {
+            a.i for n in proto.graph.node for a in n.attribute if a.name == "output_dtype"}
+        assert onnx.TensorProto.INT16 in types
+
+
+# --- quantizer states -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_learned_amax_exports_a_constant_scale(exporter, tmp_path):
+    q = quantizer(amax=2.0, learn_amax=True)
+    with torch.no_grad():
+        q.clip.clip_value_min.fill_(-1.7)
+        q.clip.clip_value_max.fill_(2.3)
+    proto, got, caught = export_and_run(q, X, exporter, 17, tmp_path / "m.onnx")
+    assert np.array_equal(got, q(X).detach().numpy()) and not caught
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    (qnode,) = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
+    scale = qnode.input[1]
+    while scale not in inits:  # a constant, possibly behind Identity
+        node = producers[scale]
+        assert node.op_type in ("Identity", "Constant"), f"the scale is computed by {node.op_type}"
+        if node.op_type == "Constant":
+            break
+        scale = node.input[0]
+    else:
+        assert inits[scale] == np.float32(2.3) / np.float32(127)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_disabled_quantizers_emit_nothing(exporter, tmp_path):
+    layer = quant_nn.QuantLinear(8, 3, quant_desc_input=QuantDescriptor(amax=4.0))
+    layer._weight_quantizer.amax = layer.weight.detach().abs().amax(1, keepdim=True)
+    layer._input_quantizer.disable()
+    # A weight-only DQ -> MatMul becomes MatMulNBits in ONNX Runtime, by default with
+    # int8 activations (accuracy level 4); level 0 keeps them float32.
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    proto, got, _ = export_and_run(layer, X, exporter, 17, tmp_path / "one.onnx", session_options=options)
+    assert op_types(proto).count("QuantizeLinear") == op_types(proto).count("DequantizeLinear") == 1
+    np.testing.assert_allclose(got, layer(X).detach().numpy(), rtol=1e-5, atol=1e-6)
+    layer._weight_quantizer.disable_quant()
+    proto, got, _ = export_and_run(layer, X, exporter, 17, tmp_path / "none.onnx")
+    assert "QuantizeLinear" not in op_types(proto) and "DequantizeLinear" not in op_types(proto)
+
+
+class _BFloat16(torch.nn.Module):
+    def __init__(self, q):
+        super().__init__()
+        self.q = q
+
+    def forward(self, x):
+        return self.q(x.bfloat16()).float()
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_bfloat16_computes_in_float32(exporter, tmp_path):
+    m = _BFloat16(quantizer(axis=1, amax=torch.tensor([[[1.0], [2.0], [3.0], [4.0]]])))
+    proto, got, caught = export_and_run(m, X, exporter, 19, tmp_path / "m.onnx")
+    assert np.array_equal(got, m(X).numpy()) and not caught
+
+
+# --- switches ----------------------------------------------------------------------------------
+
+
+def test_use_fb_fake_quant_is_not_used_during_export(tmp_path):
+    q = quantizer(amax=2.0, narrow_range=True)
+    expected = q(X).numpy()
+    saved = TensorQuantizer.use_fb_fake_quant
+    TensorQuantizer.use_fb_fake_quant = True
+    try:
+        proto, got, _ = export_and_run(q, X, "torchscript", 17, tmp_path / "m.onnx", export=torch.onnx.export)
+    finally:
+        TensorQuantizer.use_fb_fake_quant = saved
+    assert "Clip" in op_types(proto)  # fakequant's narrow range, not torch's full range
+    assert np.array_equal(got, expected)
+
+
+def test_enable_onnx_export_restores_everything_when_the_export_raises():
+    with pytest.raises(RuntimeError, match="export failed"):
+        with fakequant.enable_onnx_export(clip_narrow_range=False):
+            assert fakequant.onnx._options.current().clip_narrow_range is False
+            raise RuntimeError("export failed")
+    assert fakequant.onnx._options.current().clip_narrow_range is True
+    assert not TensorQuantizer._enable_onnx_export and not TensorQuantizer.use_fb_fake_quant
+    with fakequant.enable_onnx_export():
+        quantizer(dynamic=True)(X)  # dynamic: allowed (exported with a warning)
+        with pytest.raises(RuntimeError, match="calibrated"):
+            quantizer()(X)
+    with pytest.raises(TypeError, match="clip_narrow_range"):
+        with fakequant.onnx.export_options(clip_narrow_range=1):
+            pass
+
+
+def test_opsets_below_13_are_refused(tmp_path):
+    q = quantizer(amax=2.0)
+    with pytest.raises(ValueError, match="opset_version >= 13"):
+        fakequant.onnx.export(q, (X,), str(tmp_path / "m.onnx"), dynamo=False, opset_version=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Exception, match="opset_version >= 13"):
+            torch.onnx.export(q, (X,), str(tmp_path / "m.onnx"), dynamo=False, opset_version=12)
+
+
+def test_dynamo_translations_are_registered_and_available_as_a_table(tmp_path):
+    table = fakequant.onnx.custom_translation_table()
+    assert set(table) == {torch.ops.fakequant.fake_quantize_amax.default, torch.ops.fakequant.quantize_amax.default,
+                          torch.ops.fakequant.fake_quantize_affine.default,
+                          torch.ops.fakequant.fake_quantize_min_max.default}
+    q = quantizer(amax=2.0)
+    proto, got, _ = export_and_run(q, X, "dynamo", 18, tmp_path / "m.onnx", export=torch.onnx.export,
+                                   custom_translation_table=table)
+    assert np.array_equal(got, q(X).numpy())
+    assert translation_dynamo.is_installed()  # plain torch.onnx.export(dynamo=True) needs no table
+
+
+_FRESH_PROCESS = """
+import sys, warnings
+{before}
+import torch, fakequant, onnx
+from fakequant.nn import TensorQuantizer
+from fakequant.tensor_quant import QuantDescriptor
+{check}
+"""
+
+
+def _run_fresh(before, check):
+    import subprocess
+    import sys
+
+    code = _FRESH_PROCESS.format(before=before, check=check)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_plain_dynamo_export_needs_no_table_in_a_fresh_process(tmp_path):
+    path = tmp_path / "m.onnx"
+    out = _run_fresh("", f"""
+q = TensorQuantizer(QuantDescriptor(amax=2.0, narrow_range=True)).eval()
+torch.onnx.export(q, (torch.randn(3, 5),), {str(path)!r}, dynamo=True, verbose=False)
+print(sorted(n.op_type for n in onnx.load({str(path)!r}).graph.node))
+""")
+    assert "['Clip', 'DequantizeLinear', 'QuantizeLinear']" in out
+
+
+def test_registration_when_torch_exporter_was_imported_first():
+    out = _run_fresh("import torch.onnx._internal.exporter._registration as r", """
+from fakequant.onnx import translation_dynamo
+registry = r.ONNXRegistry.from_torchlib()
+print(translation_dynamo.is_installed(), bool(registry.get_decomps(torch.ops.fakequant.fake_quantize_amax.default)))
+""")
+    assert "True True" in out
