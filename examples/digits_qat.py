@@ -124,7 +124,7 @@ def export_and_run(model, test, path):
 
     model.eval()
     start = time.perf_counter()
-    fakequant.onnx.export(model, (test[0][:1],), path, dynamic_batch=True)
+    fakequant.onnx.export(model, (test[0],), path, dynamo=False, opset_version=17)
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     (out,) = session.run(None, {session.get_inputs()[0].name: test[0].numpy()})
     return torch.from_numpy(out), time.perf_counter() - start
