@@ -69,3 +69,31 @@ $(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
 	touch $@
 
 cuda-build: $(CUDA_BUILD)/.built
+
+# --- hardening: `make fuzz`, `make sanitize`, `make check` -------------------------------
+.PHONY: fuzz sanitize check
+
+# The hypothesis campaign of tests/test_fuzz.py at full size: FUZZ_EXAMPLES random
+# cases per test (7 tests), every operator and public function with valid and invalid
+# arguments; fails below FUZZ_MIN cases in all. (`make test` runs a small sample.)
+FUZZ_EXAMPLES ?= 2000
+FUZZ_MIN ?= 10000
+fuzz: build
+	@mkdir -p build
+	FAKEQUANT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FAKEQUANT_FUZZ_COUNT_FILE=build/fuzz-count.json \
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
+	@$(PY) -c "import json, sys; t = json.load(open('build/fuzz-count.json'))['total']; \
+	print(f\"make fuzz: {t['cases']} cases ({t['valid']} valid, {t['invalid']} invalid), every one \
+	matched the reference or raised a clean exception\"); sys.exit(t['cases'] < $(FUZZ_MIN))"
+
+# The CPU extension built with AddressSanitizer and UndefinedBehaviorSanitizer out of
+# the source tree (build/asan), the operator tests run against it (tools/sanitize.sh).
+sanitize: build
+	PY=$(PY) MAX_JOBS=$(MAX_JOBS) tools/sanitize.sh
+
+# Everything that fits in CI: the test suite with the slow tests (inductor),
+# the full fuzz campaign and the sanitizer run.
+check: build
+	FAKEQUANT_SLOW_TESTS=1 $(PY) -m pytest -q tests
+	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory sanitize

@@ -17,6 +17,8 @@ they are checked only with the environment variable FAKEQUANT_CHECK_VALUES=1
 On CUDA, pass scale/zero_point/amax as device tensors: a Python number becomes
 a host-to-device copy on every call (and cannot be captured in a CUDA graph).
 """
+import math
+import numbers
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -41,9 +43,30 @@ _ops = torch.ops.fakequant
 TensorOrNumber = Union[torch.Tensor, float, int]
 
 
-def _as_tensor(value: TensorOrNumber, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _check_tensor(value, name: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"fakequant: {name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _check_int(value, name: str, optional: bool = False):
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"fakequant: {name} must be an int, got {value!r}")
+    return int(value)
+
+
+def _as_tensor(value: TensorOrNumber, like: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """A tensor as is, or a Python number as a tensor on like's device."""
     if isinstance(value, torch.Tensor):
         return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"fakequant: {name} must be a tensor or a number, got {type(value).__name__}")
+    if not dtype.is_floating_point:  # zero points: integers within int32
+        if not (math.isfinite(value) and value == int(value) and -(2**31) <= value < 2**31):
+            raise ValueError(f"fakequant: {name} must be an integer in the int32 range, got {value!r}")
+        value = int(value)
     return torch.tensor(value, dtype=dtype, device=like.device)
 
 
@@ -177,8 +200,11 @@ def fake_quantize_affine(
     zero points are integers (int tensors or integral floats) in
     ``[quant_min, quant_max]``. Differentiable in ``input``.
     """
-    scale = _as_tensor(scale, input, torch.float32)
-    zero_point = _as_tensor(zero_point, input, torch.int32)
+    input = _check_tensor(input, "input")
+    scale = _as_tensor(scale, input, torch.float32, "scale")
+    zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point")
+    axis = _check_int(axis, "axis", optional=True)
+    quant_min, quant_max = _check_int(quant_min, "quant_min"), _check_int(quant_max, "quant_max")
     return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max)[0]
 
 
@@ -224,8 +250,10 @@ def fake_quant(
     """ONNX Runtime's training ``FakeQuant`` contract: ``(y, mask)`` with a bool
     mask shaped like ``y`` (True where ``rint(x / scale) + zero_point`` lies in
     range). Pair with :func:`fake_quant_grad`."""
-    scale = _as_tensor(scale, x, torch.float32)
-    zero_point = _as_tensor(zero_point, x, torch.int32)
+    x = _check_tensor(x, "x")
+    scale = _as_tensor(scale, x, torch.float32, "scale")
+    zero_point = _as_tensor(zero_point, x, torch.int32, "zero_point")
+    quant_min, quant_max = _check_int(quant_min, "quant_min"), _check_int(quant_max, "quant_max")
     return _ops.fake_quantize_affine(x, scale, zero_point, None, quant_min, quant_max, False)
 
 
@@ -278,7 +306,9 @@ def fake_quantize_amax(
     output is 0. The gradient passes where ``|x| <= amax`` (or everywhere with
     ``pass_through=True``).
     """
-    amax = _as_tensor(amax, input, torch.float32)
+    input = _check_tensor(input, "input")
+    amax = _as_tensor(amax, input, torch.float32, "amax")
+    num_bits = _check_int(num_bits, "num_bits")
     if pass_through:
         return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range)
     return _ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range)[0]
@@ -294,7 +324,9 @@ def quantize_amax(
     """pytorch-quantization's ``tensor_quant``: the integer values (in input's
     dtype) and the scale ``bound / amax`` they were multiplied by (1 where
     ``amax <= 2^-24``), so that ``output / scale`` dequantizes."""
-    amax = _as_tensor(amax, input, torch.float32)
+    input = _check_tensor(input, "input")
+    amax = _as_tensor(amax, input, torch.float32, "amax")
+    num_bits = _check_int(num_bits, "num_bits")
     output = _ops.quantize_amax(input, amax, num_bits, unsigned, narrow_range)[0]
     amax32 = amax.float()
     bound = float(amax_bound(num_bits, unsigned))
@@ -311,6 +343,8 @@ def fake_quantize_min_max(
     """pytorch-quantization's ``fake_affine_tensor_quant``: an asymmetric range
     ``[min_range, max_range]`` on ``2^num_bits`` levels. The gradient passes
     where ``min_range <= x <= max_range``."""
-    min_range = _as_tensor(min_range, input, torch.float32)
-    max_range = _as_tensor(max_range, input, torch.float32)
+    input = _check_tensor(input, "input")
+    min_range = _as_tensor(min_range, input, torch.float32, "min_range")
+    max_range = _as_tensor(max_range, input, torch.float32, "max_range")
+    num_bits = _check_int(num_bits, "num_bits")
     return _ops.fake_quantize_min_max(input, min_range, max_range, num_bits)[0]

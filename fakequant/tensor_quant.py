@@ -383,7 +383,11 @@ def _amax_like(amax: Amax, inputs: torch.Tensor) -> torch.Tensor:
     if not isinstance(inputs, torch.Tensor):
         raise TypeError(f"inputs must be a tensor, got {type(inputs).__name__}")
     if isinstance(amax, torch.Tensor):
-        return amax if amax.device == inputs.device else amax.to(inputs.device)
+        if amax.device == inputs.device:
+            return amax
+        if amax.device.type == "meta":  # (no data to move)
+            raise ValueError(f"amax is on {amax.device} but inputs are on {inputs.device}")
+        return amax.to(inputs.device)
     if isinstance(amax, bool) or not isinstance(amax, numbers.Real):
         raise TypeError(f"amax must be a tensor or a number, got {type(amax).__name__}")
     return torch.tensor(float(amax), dtype=torch.float32, device=inputs.device)

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from .. import ops
+from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
 
 __all__ = ["HistogramCalibrator", "calibrate_weights"]
@@ -90,6 +91,7 @@ class HistogramCalibrator(_Calibrator):
         self._amax_shape = None  # shape of the amax compute_amax returns
         self._channel_shape = None
         self._ndim = None
+        self._local = None  # this rank's own state while the fields above hold a sync()'s merge
 
     @property
     def num_bins(self):
@@ -140,6 +142,8 @@ class HistogramCalibrator(_Calibrator):
             self._collect(x.detach())
 
     def _collect(self, x):
+        if getattr(self, "_local", None) is not None:  # collecting after a sync(): from this rank's own data
+            self._restore_local()
         xc, channel_shape, amax_shape = self._as_channels(x)
         if self._hist is not None and channel_shape and (channel_shape != self._channel_shape
                                                          or x.dim() != self._ndim):
@@ -226,6 +230,99 @@ class HistogramCalibrator(_Calibrator):
             counts += torch.bincount(idx.flatten(), minlength=dump + 1)
         self._hist += counts[:dump].view(channels, bins)
 
+    # -- torch.distributed -----------------------------------------------------
+    _STATE = ("_hist", "_width", "_used", "_max", "_amax_shape", "_channel_shape", "_ndim")
+
+    def _restore_local(self):
+        for name, value in zip(self._STATE, self._local):
+            setattr(self, name, value)
+        self._local = None
+
+    def sync(self, group=None):
+        """Merges the histograms of every rank of ``group`` (default: the world)
+        of torch.distributed, so that :meth:`compute_amax` gives every rank the
+        same amax: the amax of all the data the ranks collected.
+
+        The ranks agree on a common bin layout per channel: the coarsest bin
+        width any rank uses (the width the rank with the largest first batch
+        chose), with enough bins for the largest value any rank saw. Each rank
+        lays its histogram on that grid (exactly when its width is the common
+        one; otherwise spreading each bin's count over the bins it overlaps, in
+        whole counts, keeping the total) and the counts are summed (int64,
+        exact). A collective: every rank calls it, ranks that collected nothing
+        too. Does nothing when torch.distributed is not initialised or the
+        group has one rank. Calling it again merges this rank's own data again
+        (not the merge), and collecting afterwards continues from this rank's
+        own data.
+        """
+        if not _distributed.is_distributed(group):
+            return
+        if getattr(self, "_local", None) is not None:  # (calibrators pickled before sync() existed have none)
+            self._restore_local()
+        mine = None
+        if self._hist is not None:
+            mine = (self._channel_shape, self._amax_shape, self._ndim, self._hist.shape[0],
+                    self._width.clone(), self._used.clone(), self._max.clone())
+        metas = _distributed.all_gather_object(mine, group)
+        known = [m for m in metas if m is not None]
+        if not known:
+            return
+        channel_shape, amax_shape, ndim, channels = known[0][:4]
+        for m in known[1:]:
+            if m[0] != channel_shape or m[3] != channels or (channel_shape and m[2] != ndim):
+                raise ValueError("HistogramCalibrator.sync: the ranks collected different channels: "
+                                 f"{[None if m is None else m[0] for m in metas]}")
+
+        # The common grid, computed by every rank from the same gathered numbers.
+        widths = torch.stack([m[4] for m in known])  # [ranks, channels], float64
+        width = widths.max(0).values
+        gmax = torch.stack([m[6] for m in known]).max(0).values
+        used = torch.ones(channels, dtype=torch.int64)
+        for m in known:
+            w, u = m[4], m[5]
+            same = w == width
+            ratio = torch.where(width > 0, w / torch.where(width > 0, width, 1.0), 0.0)
+            need = torch.where(same, u, torch.ceil(u.double() * ratio).to(torch.int64))
+            used = torch.maximum(used, torch.where(w > 0, need, 1))
+        bins = int(used.max())
+
+        if self._hist is not None:
+            local = self._rebin(self._hist.cpu(), self._width, self._used, width, used, bins)
+            device = self._hist.device
+        else:
+            local = torch.zeros(channels, bins, dtype=torch.int64)
+            device = _distributed.collective_device(group)
+        merged = _distributed.all_reduce(local.to(device), "sum", group)
+
+        self._local = tuple(getattr(self, name) for name in self._STATE)
+        self._hist, self._width, self._used, self._max = merged, width, used, gmax
+        self._amax_shape, self._channel_shape, self._ndim = amax_shape, channel_shape, ndim
+
+    @staticmethod
+    def _rebin(hist, width, used, new_width, new_used, bins):
+        """``hist`` ([channels, *] int64 counts of bins ``width`` wide) laid on bins
+        ``new_width`` wide (>= ``width``), ``bins`` columns, in whole counts."""
+        channels = hist.shape[0]
+        out = torch.zeros(channels, bins, dtype=torch.int64)
+        for c in range(channels):
+            n, w, W = int(used[c]), float(width[c]), float(new_width[c])
+            h = hist[c, :n]
+            if w == W or w == 0.0:  # the same grid (or only zeros, all in bin 0)
+                out[c, :n] = h
+                continue
+            # The cumulative count at the new edges j * W, interpolated linearly
+            # inside the old bins, rounded to whole counts (monotone: no negative bin).
+            m = int(new_used[c])
+            csum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(h, 0)])
+            pos = torch.arange(m + 1, dtype=torch.float64) * (W / w)
+            k = pos.floor().clamp(max=n).to(torch.int64)
+            frac = pos - k.double()
+            inside = torch.where(k < n, h.double()[k.clamp(max=n - 1)] * frac, 0.0)
+            cum = torch.round(csum[k].double() + inside).to(torch.int64)
+            cum[-1] = csum[-1]
+            out[c, :m] = torch.diff(cum)
+        return out
+
     # -- amax ------------------------------------------------------------------
     def compute_amax(self, method: str, *, stride: int = 1, start_bin: int = 128, percentile: float = 99.99):
         """The amax chosen from the collected histogram(s).
@@ -246,6 +343,9 @@ class HistogramCalibrator(_Calibrator):
             A float32 tensor on the collected tensors' device: 0-dimensional per
             tensor, shaped like ``MaxCalibrator``'s amax per channel; or None if
             nothing was collected.
+
+        Under torch.distributed call :meth:`sync` first (``fakequant.calibrate``
+        and ``fakequant.utils.compute_amax`` do) so that every rank gets the same amax.
         """
         if method not in METHODS:
             raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")

@@ -1,6 +1,7 @@
 """Max calibrator: the absolute maximum over everything collected."""
 import torch
 
+from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
 
 __all__ = ["MaxCalibrator"]
@@ -72,8 +73,33 @@ class MaxCalibrator(_Calibrator):
         if self._track_amax:
             self._amaxs = []
 
+    def sync(self, group=None):
+        """Makes the amax the max over every rank of ``group`` (default: the
+        world) of torch.distributed: an all-reduce with MAX, so every rank ends
+        with the same amax, ranks that collected nothing too. A collective:
+        every rank calls it. Does nothing when torch.distributed is not
+        initialised or the group has one rank. Raises ValueError (on every
+        rank) if the ranks collected amax of different shapes.
+        """
+        if not _distributed.is_distributed(group):
+            return
+        local = self._calib_amax
+        shapes = _distributed.all_gather_object(None if local is None else tuple(local.shape), group)
+        known = [s for s in shapes if s is not None]
+        if not known:
+            return
+        if any(s != known[0] for s in known):
+            raise ValueError(f"MaxCalibrator.sync: the ranks collected amax of different shapes: {shapes}")
+        if local is None:
+            # 0 is neutral for the max of amax values (all >= 0).
+            device = _distributed.collective_device(group)
+            local = torch.zeros(known[0], dtype=torch.float32, device=device)
+        self._calib_amax = _distributed.all_reduce(local, "max", group)
+
     def compute_amax(self):
-        """The amax of everything collected, or None if nothing was."""
+        """The amax of everything collected, or None if nothing was. Under
+        torch.distributed call :meth:`sync` first (``fakequant.calibrate`` and
+        ``fakequant.utils.compute_amax`` do) so that every rank gets the same amax."""
         return self._calib_amax
 
     def __str__(self):

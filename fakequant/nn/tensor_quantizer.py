@@ -372,7 +372,7 @@ class TensorQuantizer(nn.Module):
             if d not in blocks:
                 shape.append(n)
                 continue
-            size = n if blocks[d] is None else blocks[d]
+            size = (n or 1) if blocks[d] is None else blocks[d]  # (an empty axis is one empty block)
             if n % size:
                 raise ValueError(f"block_sizes[{d}] = {size} does not divide the input's size {n} along axis {d}")
             shape += [n // size, size]

@@ -64,6 +64,10 @@ def collect_stats(model: torch.nn.Module, data: Iterable, num_batches: Optional[
     Returns:
         The number of batches run.
     """
+    return _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty=False)
+
+
+def _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty):
     if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, numbers.Integral)
                                     or num_batches < 1):
         raise ValueError(f"num_batches must be a positive int or None, got {num_batches!r}")
@@ -104,12 +108,32 @@ def collect_stats(model: torch.nn.Module, data: Iterable, num_batches: Optional[
         for q, disabled, if_quant, if_calib, if_clip in saved:
             q._disabled, q._if_quant, q._if_calib, q._if_clip = disabled, if_quant, if_calib, if_clip
         model.train(was_training)
-    if count == 0:
+    if count == 0 and not allow_empty:
         raise ValueError("data yielded no batch to calibrate with")
     return count
 
 
-def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = False, **kwargs) -> int:
+def _will_sync(sync, group) -> bool:
+    from ..calib import _distributed
+
+    if sync is not None and not isinstance(sync, bool):
+        raise TypeError(f"sync must be a bool or None, got {sync!r}")
+    return sync is not False and _distributed.is_distributed(group)
+
+
+def _sync_calibrators(quantizers, sync, group):
+    """Merges every calibrator's statistics over the ranks of torch.distributed
+    (all ranks call this, with the same model): afterwards they agree."""
+    if not _will_sync(sync, group):
+        return
+    for _, q in quantizers:
+        calibrator = q._calibrator
+        if calibrator is not None and hasattr(calibrator, "sync"):
+            calibrator.sync(group)
+
+
+def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = False, *,
+                 sync: Optional[bool] = None, group=None, **kwargs) -> int:
     """Loads every calibrator's amax into its quantizer.
 
     Quantizers with a ``MaxCalibrator`` (the default ``calib_method="max"``)
@@ -119,9 +143,18 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
     ``method`` is ``"entropy"``, ``"mse"``, ``"percentile"`` (with
     ``percentile=...``) or ``"max"``.
 
+    Under torch.distributed (DDP, FSDP: each rank calibrated on its own
+    batches) every rank must call this, with the same model: the calibrators
+    first merge what all ranks collected (:meth:`MaxCalibrator.sync`: all-reduce
+    MAX; :meth:`HistogramCalibrator.sync`: histograms summed on a common grid),
+    so every rank sets the same amax.
+
     Args:
         strict: raise if a calibrator saw no data; otherwise (default) warn and
             leave that quantizer's amax as it was (dynamic if it had none).
+        sync: merge the calibrators over the ranks of ``group`` first. Default
+            None: when torch.distributed is initialised with more than one rank.
+        group: the process group (default: the world).
 
     Returns:
         The number of quantizers whose amax was set.
@@ -130,8 +163,10 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
 
     if method not in HISTOGRAM_METHODS:
         raise ValueError(f"method must be one of {list(HISTOGRAM_METHODS)}, got {method!r}")
+    quantizers = _quantizers(model)
+    _sync_calibrators(quantizers, sync, group)
     loaded = 0
-    for name, q in _quantizers(model):
+    for name, q in quantizers:
         calibrator = q._calibrator
         if calibrator is None:
             continue
@@ -154,7 +189,7 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
 
 def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int] = None, method: str = "max", *,
               forward_fn: Optional[Callable[[torch.nn.Module, Any], Any]] = None, progress: bool = True,
-              **kwargs) -> torch.nn.Module:
+              sync: Optional[bool] = None, group=None, **kwargs) -> torch.nn.Module:
     """Calibrates a quantized model in one call: resets the calibrators, runs
     :func:`collect_stats` (with a tqdm progress bar), then :func:`compute_amax`.
 
@@ -167,6 +202,9 @@ def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int]
             ``"percentile"``, ``"max"``); quantizers with max calibrators take the max.
         forward_fn: ``forward_fn(model, batch)`` for batches of other layouts.
         progress: show the progress bar.
+        sync, group: under torch.distributed, merge the statistics of every
+            rank first (see :func:`compute_amax`); every rank calls
+            ``calibrate`` on its own share of the data and ends with the same amax.
         **kwargs: passed to ``HistogramCalibrator.compute_amax`` (``percentile``,
             ``start_bin``, ``stride``).
 
@@ -178,6 +216,9 @@ def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int]
     for _, q in _quantizers(model):
         if q._calibrator is not None:
             q._calibrator.reset()
-    collect_stats(model, data, num_batches, forward_fn=forward_fn, progress=progress)
-    compute_amax(model, method, **kwargs)
+    # Under torch.distributed a rank whose share of the data is empty still
+    # takes part in the merge (and gets the amax of the others).
+    syncing = _will_sync(sync, group)
+    _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty=syncing)
+    compute_amax(model, method, sync=sync, group=group, **kwargs)
     return model
