@@ -33,9 +33,11 @@ test: build
 demo: build
 	$(PY) examples/digits_qat.py --out demo-output
 
+# Every benchmark in one run (about 3 minutes on 2 cores): benchmarks/results/README.md
+# (the tables, the targets met or missed), PNG plots, and the raw JSON. On a shared
+# machine: make bench BENCH_ARGS="--wait-idle 120" (waits for idle CPUs before each stage).
 bench: build
-	$(PY) benchmarks/bench_ops.py
-	$(PY) benchmarks/bench_ops.py --thp
+	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info fakequant/_C*.so fakequant/_build_info.py $(VENV)

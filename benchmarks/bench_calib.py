@@ -1,6 +1,6 @@
 """Calibration benchmark: HistogramCalibrator.compute_amax and histogram collection.
 
-    python benchmarks/bench_calib.py [--bins 2048] [--repeat 20] [--device cpu|cuda] [--baseline]
+    python benchmarks/bench_calib.py [--bins 2048] [--repeat 20] [--device cpu|cuda] [--baseline] [--json PATH]
 
 Prints the median time of compute_amax("entropy" | "mse" | "percentile") on a
 histogram of ``--bins`` bins (pytorch-quantization's pure-Python entropy loop
@@ -10,6 +10,7 @@ pytorch-quantization uses, float32 counts, per tensor only). ``--baseline``
 also times a per-candidate (unvectorised) entropy search for comparison.
 """
 import argparse
+import json
 import statistics
 import time
 
@@ -59,61 +60,84 @@ def loop_entropy(hist, num_bits=8, start_bin=128):
     return best_i
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bins", type=int, default=2048)
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--baseline", action="store_true", help="also time a per-candidate entropy loop")
-    args = parser.parse_args()
-    device = torch.device(args.device)
+def run(bins=2048, repeat=20, device="cpu", baseline=False):
+    """compute_amax times and histogram collection throughput, as a dict of rows."""
+    device = torch.device(device)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}")
-
     # A ReLU-like activation with a long tail, as calibration sees.
     x = torch.randn(4_000_000, device=device).relu() ** 1.5
-    calibrator = HistogramCalibrator(8, None, True, num_bins=args.bins)
+    calibrator = HistogramCalibrator(8, None, True, num_bins=bins)
     calibrator.collect(x)
 
-    print(f"\ncompute_amax on a {args.bins}-bin histogram (median of {args.repeat})")
-    print(f"{'method':<12}{'time (ms)':>12}{'amax':>12}")
+    amax_rows = []
     for method, kwargs in (("entropy", {}), ("mse", {}), ("percentile", {"percentile": 99.99})):
-        seconds = timed(lambda: calibrator.compute_amax(method, **kwargs), args.repeat, device)
+        seconds = timed(lambda: calibrator.compute_amax(method, **kwargs), repeat, device)
         amax = calibrator.compute_amax(method, **kwargs).item()
-        print(f"{method:<12}{seconds * 1e3:>12.2f}{amax:>12.4f}")
-    if args.baseline:
+        amax_rows.append(dict(method=method, ms=seconds * 1e3, amax=amax))
+    if baseline:
         hist = calibrator._calib_hist.cpu().numpy()
         seconds = timed(lambda: loop_entropy(hist), 1, device, warmup=0)
-        print(f"{'loop (ref.)':<12}{seconds * 1e3:>12.2f}  (entropy, one candidate at a time)")
+        amax_rows.append(dict(method="entropy, one candidate at a time (numpy loop, for reference)",
+                              ms=seconds * 1e3, amax=None))
 
-    print(f"\nhistogram collection, {args.bins} bins (median of {args.repeat})")
-    print(f"{'case':<34}{'elements':>12}{'time (ms)':>12}{'Gelem/s':>10}")
+    collect_rows = []
     for numel in (1 << 20, 1 << 24):
         t = torch.randn(numel, device=device)
 
         def collect_per_tensor():
-            c = HistogramCalibrator(8, None, False, num_bins=args.bins)
+            c = HistogramCalibrator(8, None, False, num_bins=bins)
             c.collect(t)
             c.collect(t)
 
         def histc():
             a = t.abs()
-            h = torch.histc(a, bins=args.bins, min=0, max=float(a.max()))
-            h += torch.histc(a, bins=args.bins, min=0, max=float(a.max()))
+            h = torch.histc(a, bins=bins, min=0, max=float(a.max()))
+            h += torch.histc(a, bins=bins, min=0, max=float(a.max()))
 
         per_channel = t.reshape(64, -1)
 
         def collect_per_channel():
-            c = HistogramCalibrator(8, 0, False, num_bins=args.bins)
+            c = HistogramCalibrator(8, 0, False, num_bins=bins)
             c.collect(per_channel)
             c.collect(per_channel)
 
         for name, fn in (("fakequant, per tensor (int64)", collect_per_tensor),
                          ("fakequant, 64 channels (int64)", collect_per_channel),
                          ("torch.histc, per tensor (float32)", histc)):
-            repeat = max(3, args.repeat // 4) if numel > 1 << 20 else args.repeat
-            seconds = timed(fn, repeat, device) / 2
-            print(f"{name:<34}{numel:>12}{seconds * 1e3:>12.2f}{numel / seconds / 1e9:>10.3f}")
+            reps = max(3, repeat // 4) if numel > 1 << 20 else repeat
+            seconds = timed(fn, reps, device) / 2
+            collect_rows.append(dict(case=name, numel=numel, ms=seconds * 1e3, gelem_s=numel / seconds / 1e9))
+    return dict(bins=bins, repeat=repeat, device=str(device), compute_amax=amax_rows, collect=collect_rows)
+
+
+def format_tables(result):
+    lines = [f"| method | compute_amax, {result['bins']} bins (ms) | amax |", "|---|---:|---:|"]
+    for r in result["compute_amax"]:
+        amax = "" if r["amax"] is None else f"{r['amax']:.4f}"
+        lines.append(f"| {r['method']} | {r['ms']:.2f} | {amax} |")
+    lines += ["", f"| histogram collection, {result['bins']} bins | elements | time per tensor (ms) "
+              "| Gelements/s |", "|---|---:|---:|---:|"]
+    for r in result["collect"]:
+        lines.append(f"| {r['case']} | 2^{r['numel'].bit_length() - 1} | {r['ms']:.2f} | {r['gelem_s']:.3f} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bins", type=int, default=2048)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--baseline", action="store_true", help="also time a per-candidate entropy loop")
+    parser.add_argument("--json", help="also save the results to this JSON file")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; "
+          f"medians of {args.repeat} (of {max(3, args.repeat // 4)} at 2^24 elements)")
+    result = run(args.bins, args.repeat, args.device, args.baseline)
+    result["threads"] = torch.get_num_threads()
+    print(format_tables(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

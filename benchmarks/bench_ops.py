@@ -5,30 +5,47 @@ one process with the candidates interleaved round by round, so that machine
 noise hits all of them alike:
 
 - ``clone``: ``torch.clone`` of the input, the memory-bandwidth limit of an op
-  that reads one tensor and writes one (forward+backward moves twice that, so
-  its limit is two clones);
+  that reads one tensor and writes a fresh one (forward+backward moves twice
+  that, so its limit is two clones);
 - ``torch``: ``torch.fake_quantize_per_tensor_affine`` / ``_per_channel_affine``
-  (in training they run their cachemask variants, which is what autograd
-  calls here);
+  (both run their cachemask variants: the forward computes the byte mask the
+  backward uses, with or without grad);
 - ``pq-python``: pytorch-quantization's ``fake_tensor_quant`` as its CPU path
   computes it, in plain PyTorch (saves the input for backward).
 
     python benchmarks/bench_ops.py [--numel 16777216] [--device cpu] [--json PATH] [--thp]
+    python benchmarks/bench_ops.py --sizes 2^10..2^26:2 --dtype float32,bfloat16
+    python benchmarks/bench_ops.py --overhead            # microseconds per call, 2^10..2^14
     python benchmarks/bench_ops.py --device cuda        # or --device cpu,cuda
 
-On CUDA each sample is the time of ``--cuda-reps`` back-to-back calls between
-two CUDA events on the current stream, divided by their number, so that the
-host's launch overhead overlaps the kernels as it does in training.
+``--sizes`` takes element counts: integers, ``2^k``, and ranges ``2^a..2^b``
+(every power of two) or ``2^a..2^b:s`` (every s-th). ``--rounds`` defaults to
+15 up to 2^22 elements, 7 up to 2^24 and 3 above (forward+backward of
+pytorch-quantization's path at 2^26 float32 takes about a second).
 
-On CPU, most of ``clone``'s time at this size is the kernel zeroing the fresh
-4 KiB pages of its output. ``--thp`` reruns with PyTorch's
-``THP_MEM_ALLOC_ENABLE=1`` (2 MiB transparent huge pages for large tensors,
-what numpy does by default), which removes most of that cost for every op.
+Fast calls are repeated within a sample so that each sample lasts at least
+``--min-sample-ms``; on CUDA each sample is at least ``--cuda-reps``
+back-to-back calls between two CUDA events on the current stream, divided by
+their number, so that the host's launch overhead overlaps the kernels as it
+does in training.
+
+On CPU, at 2^23 float32 elements and more, most of ``clone``'s time is the
+kernel zeroing the fresh 4 KiB pages of its output (glibc maps allocations
+over 32 MiB afresh each time). ``--thp`` reruns with PyTorch's
+``THP_MEM_ALLOC_ENABLE=1`` (2 MiB transparent huge pages for large tensors),
+which removes most of that cost for every op.
+
+``--overhead`` times what a call costs where the dispatcher, not memory,
+dominates: forward with an input that does not require grad, with one that
+does, under ``torch.inference_mode()``, and forward+backward, for ``clone``,
+torch's op, fakequant's Python function and its ``torch.ops`` operator.
 """
 import argparse
 import json
+import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -38,6 +55,8 @@ import torch
 import fakequant
 
 FWD, FWD_BWD = "fwd", "fwd+bwd"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+IMPLS = ("clone", "fakequant", "torch", "pq-python")
 
 
 # --- pytorch-quantization's fake_tensor_quant, as plain PyTorch --------------
@@ -62,6 +81,37 @@ class _PQFakeTensorQuant(torch.autograd.Function):
         return torch.where(inputs.abs() <= amax, grad, grad.new_zeros(1)), None, None, None, None
 
 
+# --- sizes ----------------------------------------------------------------------
+
+
+def _count(token):
+    token = token.strip()
+    m = re.fullmatch(r"2\^(\d+)", token)
+    return 1 << int(m.group(1)) if m else int(token)
+
+
+def parse_sizes(spec):
+    """'2^10..2^26:2,1000' -> [1024, 4096, ..., 67108864, 1000]."""
+    sizes = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*2\^(\d+)\s*\.\.\s*2\^(\d+)\s*(?::\s*(\d+))?\s*", part)
+        if m:
+            lo, hi, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
+            sizes += [1 << k for k in range(lo, hi + 1, step)]
+        else:
+            sizes.append(_count(part))
+    return sizes
+
+
+def size_label(numel):
+    k = numel.bit_length() - 1
+    return f"2^{k}" if numel == 1 << k else str(numel)
+
+
+def default_rounds(numel):
+    return 15 if numel <= 1 << 22 else 7 if numel <= 1 << 24 else 3
+
+
 # --- timing -------------------------------------------------------------------
 
 
@@ -70,28 +120,38 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(fns, device, rounds, warmup=3, reps=1):
-    """Median seconds per call of each function, calling them in turn every round
-    (on CUDA, `reps` calls a sample, timed with CUDA events)."""
-    for f in fns.values():
-        for _ in range(warmup):
+def time_interleaved(fns, device, rounds, warmup=3, reps=1, min_sample_s=0.0):
+    """Median seconds per call of each function, calling them in turn every round.
+
+    A sample is `reps` calls or more: as many as make it last `min_sample_s`
+    (estimated from the last warm-up call). On CUDA a sample is timed with CUDA
+    events on the current stream."""
+    calls = {}
+    for name, f in fns.items():
+        for i in range(max(warmup, 1)):
+            _sync(device)
+            t0 = time.perf_counter()
             f()
-    _sync(device)
+            _sync(device)
+            single = time.perf_counter() - t0
+        calls[name] = max(reps, min(10000, math.ceil(min_sample_s / max(single, 1e-9))))
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, f in fns.items():
+            n = calls[name]
             if device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                for _ in range(reps):
+                for _ in range(n):
                     f()
                 end.record()
                 end.synchronize()
-                samples[name].append(start.elapsed_time(end) / 1e3 / reps)
+                samples[name].append(start.elapsed_time(end) / 1e3 / n)
             else:
                 t0 = time.perf_counter()
-                f()
-                samples[name].append(time.perf_counter() - t0)
+                for _ in range(n):
+                    f()
+                samples[name].append((time.perf_counter() - t0) / n)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -106,11 +166,33 @@ def forward_backward(fn, x, grad):
     return run
 
 
+def settle(device, seconds=1.0):
+    """Runs parallel work and small calls for a while first: on a small VM the first
+    parallel regions of a fresh process can stall for milliseconds, and the first
+    thousands of small calls run slower than the later ones."""
+    big, small = torch.randn(1 << 20, device=device), torch.randn(1 << 10, device=device)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        big.clone().mul_(2)
+        for _ in range(100):
+            small.clone().mul_(2)
+    _sync(device)
+
+
+def pages():
+    if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1":
+        return "2 MiB pages (THP_MEM_ALLOC_ENABLE=1)"
+    return "4 KiB pages"
+
+
 # --- the cases -------------------------------------------------------------------
 
+OPS = ("affine per-tensor", "affine per-channel", "amax per-tensor", "amax per-channel",
+       "min/max affine", "quantize (integer)")
 
-def cases(x):
-    """(name, fakequant function, {peer name: peer function}) for each operator."""
+
+def cases(x, ops=OPS):
+    """(name, input, fakequant function, {peer name: peer function}) for each operator."""
     dev = x.device
     channels = 256
     xc = x.view(channels, -1)  # per-channel along axis 0, as conv/linear weights
@@ -118,14 +200,18 @@ def cases(x):
     zp = torch.zeros(channels, dtype=torch.int32, device=dev)
     amax_c = torch.full((channels, 1), 2.5, device=dev)
     amax = torch.tensor(2.5, device=dev)
+    scale_c = amax_c.flatten() / 127
     lo, hi = torch.tensor(-2.0, device=dev), torch.tensor(3.0, device=dev)
+    # pytorch-quantization keeps amax in a buffer, which model.to(dtype) casts
+    # along with the weights; fakequant keeps it in float32.
+    amax_pq, amax_c_pq = amax.to(x.dtype), amax_c.to(x.dtype)
     # On CUDA, parameters given as Python numbers would cost a host-to-device
     # copy per call; a QAT module keeps them on the device.
     if dev.type == "cuda":
         s1, z1 = torch.tensor(0.02, device=dev), torch.tensor(0, dtype=torch.int32, device=dev)
     else:
         s1, z1 = 0.02, 0
-    return [
+    table = [
         (
             "affine per-tensor",
             x,
@@ -144,7 +230,7 @@ def cases(x):
             lambda t: fakequant.fake_quantize_amax(t, amax),
             {
                 "torch": lambda t: torch.fake_quantize_per_tensor_affine(t, 2.5 / 127, 0, -127, 127),
-                "pq-python": lambda t: _PQFakeTensorQuant.apply(t, amax),
+                "pq-python": lambda t: _PQFakeTensorQuant.apply(t, amax_pq),
             },
         ),
         (
@@ -152,37 +238,53 @@ def cases(x):
             xc,
             lambda t: fakequant.fake_quantize_amax(t, amax_c),
             {
-                "torch": lambda t: torch.fake_quantize_per_channel_affine(
-                    t, amax_c.flatten() / 127, zp, 0, -127, 127
-                ),
-                "pq-python": lambda t: _PQFakeTensorQuant.apply(t, amax_c),
+                "torch": lambda t: torch.fake_quantize_per_channel_affine(t, scale_c, zp, 0, -127, 127),
+                "pq-python": lambda t: _PQFakeTensorQuant.apply(t, amax_c_pq),
             },
         ),
-        ("min/max affine", x, lambda t: fakequant.fake_quantize_min_max(t, lo, hi), {}),
+        (
+            "min/max affine",
+            x,
+            lambda t: fakequant.fake_quantize_min_max(t, lo, hi),
+            # The same asymmetric 8-bit grid: scale (max - min) / 255, zero point 102.
+            {"torch": lambda t: torch.fake_quantize_per_tensor_affine(t, 5.0 / 255, 102, 0, 255)},
+        ),
         ("quantize (integer)", x, lambda t: fakequant.quantize_amax(t, amax)[0], {}),
     ]
+    return [c for c in table if c[0] in ops]
 
 
-def run(numel, device, rounds, reps=1):
+def run(numel, device, rounds=None, reps=1, dtype=torch.float32, ops=OPS, modes=(FWD, FWD_BWD),
+        min_sample_s=0.002, progress=None):
+    """Rows of one size and dtype: every operator and pass, each implementation's
+    median time, bandwidth and ratios to clone (the limit) and to fakequant."""
     torch.manual_seed(0)
-    x = torch.randn(numel, device=device)
-    grad = torch.randn(numel, device=device)
+    x = torch.randn(numel, device=device).to(dtype)
+    grad = torch.randn(numel, device=device).to(dtype)
+    rounds = rounds or default_rounds(numel)
+    warmup = 3 if numel * x.element_size() < 1 << 24 else 1
     rows = []
-    for name, xin, ours, peers in cases(x):
+    for name, xin, ours, peers in cases(x, ops):
         g = grad.view_as(xin)
         fwd = {"clone": lambda t=xin: t.clone(), "fakequant": lambda t=xin, f=ours: f(t)}
         fwd.update({p: (lambda t=xin, f=f: f(t)) for p, f in peers.items()})
         both = {"clone": fwd["clone"], "fakequant": forward_backward(ours, xin, g)}
         both.update({p: forward_backward(f, xin, g) for p, f in peers.items()})
         for mode, fns in ((FWD, fwd), (FWD_BWD, both)):
-            times = time_interleaved(fns, device, rounds, reps=reps if device.type == "cuda" else 1)
-            clone_time = times.pop("clone")
+            if mode not in modes:
+                continue
+            times = time_interleaved(fns, device, rounds, warmup=warmup,
+                                     reps=reps if device.type == "cuda" else 1, min_sample_s=min_sample_s)
+            clone_time = times["clone"]
             limit = clone_time * (1 if mode == FWD else 2)
             bytes_moved = 2 * xin.numel() * xin.element_size() * (1 if mode == FWD else 2)
             for impl, t in times.items():
                 rows.append(
                     dict(
                         device=str(device),
+                        pages="cuda" if device.type == "cuda" else pages(),
+                        dtype=str(dtype).replace("torch.", ""),
+                        numel=numel,
                         op=name,
                         mode=mode,
                         impl=impl,
@@ -190,18 +292,87 @@ def run(numel, device, rounds, reps=1):
                         gbps=bytes_moved / t / 1e9,
                         vs_limit=t / limit,
                         fakequant_speedup=(t / times["fakequant"]),
+                        rounds=rounds,
                     )
                 )
+            if progress is not None:
+                progress.update(1)
     return rows
 
 
+# --- per-call overhead at small sizes -----------------------------------------
+
+
+def overhead(device, sizes, rounds=15, min_sample_s=0.005, progress=None):
+    """Microseconds per call at sizes where the dispatcher, not memory, dominates.
+
+    Groups: forward of an input without grad, forward under inference_mode
+    (no autograd kernel at all), forward of an input that requires grad, and
+    forward+backward. Within a group the candidates are interleaved."""
+    ops = torch.ops.fakequant
+    rows = []
+    for numel in sizes:
+        torch.manual_seed(0)
+        x = torch.randn(numel, device=device)
+        g = torch.randn(numel, device=device)
+        xr = x.detach().requires_grad_()
+        amax = torch.tensor(2.5, device=device)
+        s, z = torch.tensor(0.02, device=device), torch.tensor(0, dtype=torch.int32, device=device)
+        amax_pq = amax
+        fq_numbers = lambda t: fakequant.fake_quantize_per_tensor_affine(t, 0.02, 0, -128, 127)  # noqa: E731
+        fq_tensors = lambda t: fakequant.fake_quantize_per_tensor_affine(t, s, z, -128, 127)  # noqa: E731
+        fq_amax = lambda t: fakequant.fake_quantize_amax(t, amax)  # noqa: E731
+        fq_op = lambda t: ops.fake_quantize_amax.default(t, amax, 8, False, True)[0]  # noqa: E731
+        th = lambda t: torch.fake_quantize_per_tensor_affine(t, 0.02, 0, -128, 127)  # noqa: E731
+        th_tensors = lambda t: torch.fake_quantize_per_tensor_affine(t, s, z, -128, 127)  # noqa: E731
+        pq = lambda t: _PQFakeTensorQuant.apply(t, amax_pq)  # noqa: E731
+        clone = lambda t: t.clone()  # noqa: E731
+        fwd = {
+            "clone": clone,
+            "torch (Python numbers)": th,
+            "torch (tensor scale, zero point)": th_tensors,
+            "fakequant affine (Python numbers)": fq_numbers,
+            "fakequant affine (tensor scale, zero point)": fq_tensors,
+            "fakequant amax (tensor amax)": fq_amax,
+            "torch.ops.fakequant.fake_quantize_amax": fq_op,
+            "pq-python": pq,
+        }
+        groups = {
+            "fwd, input without grad": ({k: (lambda f=f: f(x)) for k, f in fwd.items()}, False),
+            "fwd, inference_mode": ({k: (lambda f=f: f(x)) for k, f in fwd.items()}, True),
+            "fwd, input requires grad": ({k: (lambda f=f: f(xr)) for k, f in fwd.items()}, False),
+            "fwd+bwd": ({k: forward_backward(f, x, g) for k, f in fwd.items()}, False),
+        }
+        for group, (fns, inference) in groups.items():
+            if inference:
+                with torch.inference_mode():
+                    times = time_interleaved(fns, device, rounds, warmup=20, min_sample_s=min_sample_s)
+            else:
+                times = time_interleaved(fns, device, rounds, warmup=20, min_sample_s=min_sample_s)
+            for impl, t in times.items():
+                rows.append(dict(device=str(device), numel=numel, group=group, impl=impl, us=t * 1e6,
+                                 vs_clone=t / times["clone"],
+                                 vs_torch=t / times["torch (Python numbers)"]))
+            if progress is not None:
+                progress.update(1)
+    return rows
+
+
+# --- tables ------------------------------------------------------------------------
+
+
+def _fmt_ms(ms):
+    return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 100 else f"{ms:.0f}"
+
+
 def format_table(rows, numel, device):
-    pages = "2 MiB pages (THP_MEM_ALLOC_ENABLE=1)" if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" else "4 KiB pages"
-    where = f"{torch.get_num_threads()} threads, {pages}"
+    """One size, one dtype: every implementation in its own row."""
+    where = f"{torch.get_num_threads()} threads, {pages()}"
     if device.type == "cuda":
         where = f"{torch.cuda.get_device_name(device)}, CUDA events"
+    dtype = rows[0]["dtype"] if rows else "float32"
     head = (
-        f"{numel} float32 elements on {device} ({where}); "
+        f"{numel} {dtype} elements on {device} ({where}); "
         "times are medians; 'x limit' is the time over "
         "clone's (two clones for fwd+bwd); 'fq faster' is this row's time over fakequant's\n"
     )
@@ -212,42 +383,153 @@ def format_table(rows, numel, device):
     for r in rows:
         speed = "" if r["impl"] == "fakequant" else f"{r['fakequant_speedup']:.2f}x"
         lines.append(
-            f"| {r['op']} | {r['mode']} | {r['impl']} | {r['ms']:.2f} | {r['gbps']:.1f} | "
+            f"| {r['op']} | {r['mode']} | {r['impl']} | {_fmt_ms(r['ms'])} | {r['gbps']:.1f} | "
             f"{r['vs_limit']:.2f} | {speed} |"
         )
     return head + "\n".join(lines)
 
 
+def format_sweep(rows, mode, dtype, device="cpu"):
+    """One pass and dtype, every operator and size in a row: clone, fakequant, and
+    each peer's time over fakequant's."""
+    sel = [r for r in rows if r["mode"] == mode and r["dtype"] == dtype and r["device"] == device]
+    by = {}
+    for r in sel:
+        by.setdefault((r["op"], r["numel"]), {})[r["impl"]] = r
+    limit = "clone" if mode == FWD else "2 clones"
+    lines = [
+        f"| op | elements | {limit} ms | fakequant ms | fakequant GB/s | x {limit} | torch ms | torch / fq "
+        "| pq-python ms | pq / fq |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for op in OPS:
+        for numel in sorted({n for o, n in by if o == op}):
+            c = by[(op, numel)]
+            fq, cl = c["fakequant"], c["clone"]
+            cells = [op, size_label(numel), _fmt_ms(cl["ms"] * (1 if mode == FWD else 2)), _fmt_ms(fq["ms"]),
+                     f"{fq['gbps']:.1f}", f"{fq['vs_limit']:.2f}"]
+            for peer in ("torch", "pq-python"):
+                if peer in c:
+                    cells += [_fmt_ms(c[peer]["ms"]), f"{c[peer]['fakequant_speedup']:.2f}x"]
+                else:
+                    cells += ["", ""]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_overhead(rows, device="cpu"):
+    """Microseconds per call: a row per group and implementation, a column per size."""
+    rows = [r for r in rows if r["device"] == device]
+    sizes = sorted({r["numel"] for r in rows})
+    lines = ["| call | implementation | " + " | ".join(f"{size_label(n)} us" for n in sizes)
+             + " | x clone | x torch |",
+             "|---|---|" + "---:|" * len(sizes) + "---:|---:|"]
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    for group in groups:
+        impls = list(dict.fromkeys(r["impl"] for r in rows if r["group"] == group))
+        for impl in impls:
+            cell = {r["numel"]: r for r in rows if r["group"] == group and r["impl"] == impl}
+            first = cell[sizes[0]]
+            lines.append(f"| {group} | {impl} | " + " | ".join(f"{cell[n]['us']:.1f}" for n in sizes)
+                         + f" | {first['vs_clone']:.1f} | {first['vs_torch']:.2f} |")
+    return "\n".join(lines)
+
+
+def machine_info():
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return dict(
+        cpu=model,
+        cpu_count=os.cpu_count(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        threads=torch.get_num_threads(),
+        thp=os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--numel", type=int, default=1 << 24)
+    parser.add_argument("--sizes", help="element counts: 1000,2^20,2^10..2^26:2 (default: --numel)")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, float64, or several: float32,bfloat16")
+    parser.add_argument("--ops", help="a subset of the operators, comma-separated: " + ", ".join(OPS))
+    parser.add_argument("--modes", default=f"{FWD},{FWD_BWD}", help="fwd, fwd+bwd or both")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, or several: cpu,cuda")
-    parser.add_argument("--cuda-reps", type=int, default=10, help="calls per CUDA timing sample")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--cuda-reps", type=int, default=10, help="calls per CUDA timing sample, at least")
+    parser.add_argument("--rounds", type=int, help="timing rounds (default: by size, 15 to 3; 25 with --overhead)")
+    parser.add_argument("--min-sample-ms", type=float, default=2.0, help="repeat fast calls to fill a sample")
+    parser.add_argument("--overhead", action="store_true", help="per-call overhead instead, in microseconds")
+    parser.add_argument("--overhead-sizes", default="2^10..2^14:2")
     parser.add_argument("--json", help="also save the rows to this JSON file")
     parser.add_argument("--thp", action="store_true", help="rerun with THP_MEM_ALLOC_ENABLE=1")
+    parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args()
     if args.thp and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
         # torch reads the variable once, at start-up.
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
         os.execv(sys.executable, [sys.executable] + sys.argv)
-    rows = []
-    for device in [torch.device(d) for d in args.device.split(",")]:
-        device_rows = run(args.numel, device, args.rounds, args.cuda_reps)
-        print(format_table(device_rows, args.numel, device))
+    from tqdm import tqdm
+
+    devices = [torch.device(d) for d in args.device.split(",")]
+    sizes = parse_sizes(args.sizes) if args.sizes else [args.numel]
+    dtypes = [DTYPES[d.strip()] for d in args.dtype.split(",")]
+    ops = [o.strip() for o in args.ops.split(",")] if args.ops else list(OPS)
+    unknown = set(ops) - set(OPS)
+    if unknown:
+        parser.error(f"unknown operators {sorted(unknown)}; choose from {', '.join(OPS)}")
+    modes = tuple(m.strip() for m in args.modes.split(","))
+    rows, overhead_rows = [], []
+    for device in devices:
+        settle(device)
+        if args.overhead:
+            osizes = parse_sizes(args.overhead_sizes)
+            with tqdm(total=4 * len(osizes), desc=f"overhead {device}", disable=args.no_progress or None,
+                      leave=False) as bar:
+                device_rows = overhead(device, osizes, rounds=args.rounds or 25, progress=bar)
+            print(f"Microseconds per call on {device} ({torch.get_num_threads()} threads); 'x clone' and "
+                  f"'x torch' at {size_label(osizes[0])}")
+            print(format_overhead(device_rows, str(device)))
+            overhead_rows += device_rows
+            continue
+        device_rows = []
+        total = len(sizes) * len(dtypes) * len(ops) * len(modes)
+        with tqdm(total=total, desc=f"ops {device}", disable=args.no_progress or None, leave=False) as bar:
+            for dtype in dtypes:
+                for numel in sizes:
+                    device_rows += run(numel, device, args.rounds, args.cuda_reps, dtype, ops, modes,
+                                       args.min_sample_ms / 1e3, progress=bar)
+        if len(sizes) == 1:
+            for dtype in dtypes:
+                sel = [r for r in device_rows if r["dtype"] == str(dtype).replace("torch.", "")]
+                print(format_table(sel, sizes[0], device))
+        else:
+            for dtype in dtypes:
+                for mode in modes:
+                    d = str(dtype).replace("torch.", "")
+                    print(f"\n{d}, {mode}, {device} ({pages() if device.type == 'cpu' else 'CUDA events'}), medians")
+                    print(format_sweep(device_rows, mode, d, str(device)))
         rows += device_rows
     if args.json:
         meta = dict(
-            numel=args.numel,
+            machine_info(),
+            sizes=sizes,
+            dtypes=args.dtype,
             device=args.device,
             gpu=torch.cuda.get_device_name() if "cuda" in args.device else None,
-            torch=torch.__version__,
-            threads=torch.get_num_threads(),
-            machine=platform.processor() or platform.machine(),
-            thp=os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",
+            date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            pages=pages(),
         )
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            json.dump(dict(meta=meta, rows=rows, overhead=overhead_rows), f, indent=1)
         print(f"wrote {args.json}")
 
 

@@ -1,12 +1,22 @@
-"""What QAT costs over float training: one training step of a ResNet-18-shaped
-model (batch 32, 3x64x64 inputs), float32 vs fakequant vs torch.ao eager-mode QAT.
+"""What QAT costs over float training: one SGD training step of ResNet-18
+(torchvision's layer structure: 7x7/2 stem, max pool, four stages of two basic
+blocks; batch 32, 3x64x64 inputs, 100 classes) in float32, with fakequant, with
+fakequant's modules running torch's fake-quant ops, and with torch.ao
+eager-mode QAT.
 
-For each: median step time, peak resident memory of a fresh process running
-only that configuration, and the bytes autograd saves for backward in a step
-(torch.autograd.graph.saved_tensors_hooks). Then, per implementation of one
-fake-quant op run alone, the bits it saves per element.
+- Step time: all configurations built in one process and stepped in turn,
+  round by round (so that machine noise hits all alike); the median.
+- Peak memory: a fresh process per configuration runs two steps and reports
+  its peak resident set size (VmHWM), and the resident size before the
+  first step (the model, the data and the libraries).
+- Saved for backward: the bytes autograd keeps for backward in one step, all
+  of them and those packed while a fake-quant module runs (fakequant's
+  TensorQuantizer, torch.ao's FakeQuantize), counted with
+  torch.autograd.graph.saved_tensors_hooks, each storage once; divided by the
+  elements those modules quantize, it gives bits per element.
+- Then one fake-quant op of each implementation alone: bits it saves per element.
 
-    python benchmarks/bench_qat_step.py [--steps 3] [--json PATH]
+    python benchmarks/bench_qat_step.py [--rounds 5] [--json PATH]
 """
 import argparse
 import json
@@ -22,7 +32,16 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for bench_ops
 
-CONFIGS = ("float", "fakequant", "torch.ao")
+CONFIGS = ("float", "fakequant", "fakequant, torch's ops", "torch.ao")
+DESCRIPTIONS = {
+    "float": "float32 training, no quantization",
+    "fakequant": "fakequant.quantize_model (8-bit inputs per tensor, weights per channel), max calibration",
+    "fakequant, torch's ops": "the same model with TensorQuantizer.use_fb_fake_quant = True "
+                              "(torch.fake_quantize_per_*_affine inside fakequant's modules)",
+    "torch.ao": "torch.ao.quantization eager mode: fuse_modules_qat (conv+bn(+relu)), "
+                "get_default_qat_qconfig('x86'), prepare_qat",
+}
+BATCH, SIZE, CLASSES = 32, 64, 100
 
 
 class BasicBlock(nn.Module):
@@ -30,9 +49,10 @@ class BasicBlock(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
+        self.relu1 = nn.ReLU()
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
+        self.relu2 = nn.ReLU()
         self.down = None
         if stride != 1 or cin != cout:
             self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
@@ -45,12 +65,15 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """ResNet-18's layer shapes, for 64x64 inputs."""
+    """torchvision's resnet18 layer structure (which takes 64x64 inputs as they are)."""
 
-    def __init__(self, classes=100):
+    def __init__(self, classes=CLASSES):
         super().__init__()
         self.quant = torch.ao.quantization.QuantStub()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
         blocks, cin = [], 64
         for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
             blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
@@ -61,42 +84,114 @@ class ResNet18(nn.Module):
         self.dequant = torch.ao.quantization.DeQuantStub()
 
     def forward(self, x):
-        x = self.blocks(self.stem(self.quant(x)))
+        x = self.maxpool(self.relu(self.bn1(self.conv1(self.quant(x)))))
+        x = self.blocks(x)
         return self.dequant(self.fc(torch.flatten(self.pool(x), 1)))
+
+    def fusion_groups(self):
+        groups = [["conv1", "bn1", "relu"]]
+        for i, b in enumerate(self.blocks):
+            groups += [[f"blocks.{i}.conv1", f"blocks.{i}.bn1", f"blocks.{i}.relu1"],
+                       [f"blocks.{i}.conv2", f"blocks.{i}.bn2"]]
+            if b.down is not None:
+                groups.append([f"blocks.{i}.down.0", f"blocks.{i}.down.1"])
+        return groups
+
+
+def make_data():
+    torch.manual_seed(0)
+    return torch.randn(BATCH, 3, SIZE, SIZE), torch.randint(0, CLASSES, (BATCH,))
 
 
 def build(config, data):
     torch.manual_seed(0)
     model = ResNet18()
-    if config == "fakequant":
+    if config.startswith("fakequant"):
         import fakequant
 
         fakequant.quantize_model(model)
         fakequant.calibrate(model, [data[0]], num_batches=1, progress=False)
     elif config == "torch.ao":
         model.train()
+        model = torch.ao.quantization.fuse_modules_qat(model, model.fusion_groups())
         model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
         torch.ao.quantization.prepare_qat(model, inplace=True)
     model.train()
     return model
 
 
+class _TorchOps:
+    """Switches fakequant's quantizers to torch's ops while a step of that configuration runs."""
+
+    def __init__(self, config):
+        self.on = config == "fakequant, torch's ops"
+
+    def __enter__(self):
+        if self.on:
+            from fakequant.nn import TensorQuantizer
+
+            TensorQuantizer.use_fb_fake_quant = True
+
+    def __exit__(self, *exc):
+        if self.on:
+            from fakequant.nn import TensorQuantizer
+
+            TensorQuantizer.use_fb_fake_quant = False
+
+
+def step(model, opt, data):
+    loss = nn.functional.cross_entropy(model(data[0]), data[1])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def _quantizer_classes():
+    classes = [torch.ao.quantization.FakeQuantizeBase]
+    try:
+        from fakequant.nn import TensorQuantizer
+
+        classes.append(TensorQuantizer)
+    except ImportError:
+        pass
+    return tuple(classes)
+
+
 def saved_bytes(model, data):
-    """Bytes autograd keeps for backward in one step (each storage counted once).
-    The fake-quant share is this minus the float model's."""
-    seen, counts = set(), {"bytes": 0}
+    """Bytes autograd keeps for backward in one step (each storage once): in all,
+    and packed while a fake-quant module runs; and the elements those modules
+    quantized."""
+    seen, counts = set(), {"all": 0, "fake_quant": 0, "quantized_elements": 0}
+    active = [0]
+    quantizers = [m for m in model.modules() if isinstance(m, _quantizer_classes())]
+
+    def pre(module, args):
+        active[0] += 1
+        counts["quantized_elements"] += args[0].numel()
+
+    def post(module, args, output):
+        active[0] -= 1
+
+    handles = [m.register_forward_pre_hook(pre) for m in quantizers]
+    handles += [m.register_forward_hook(post) for m in quantizers]
 
     def pack(t):
         key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
         if key not in seen:
             seen.add(key)
-            counts["bytes"] += key[1]
+            counts["all"] += key[1]
+            if active[0]:
+                counts["fake_quant"] += key[1]
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = nn.functional.cross_entropy(model(data[0]), data[1])
-    loss.backward()
-    return counts["bytes"]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = nn.functional.cross_entropy(model(data[0]), data[1])
+        loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return counts
 
 
 def saved_bits_per_element_of_one_op():
@@ -130,55 +225,109 @@ def saved_bits_per_element_of_one_op():
     return bits
 
 
-def run_one(config, steps):
-    """Runs in a fresh process: step times, peak RSS, saved bytes per element."""
-    torch.manual_seed(0)
-    data = (torch.randn(32, 3, 64, 64), torch.randint(0, 100, (32,)))
+def _status_mb(field):
+    # VmHWM, unlike ru_maxrss, starts afresh at exec (ru_maxrss keeps the parent's peak).
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if field == "VmHWM" else float("nan")
+
+
+def memory_of_one(config):
+    """In a fresh process: resident size before training, peak over two steps, saved bytes."""
+    data = make_data()
     model = build(config, data)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    times = []
-    for _ in range(steps + 1):
-        t0 = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(data[0]), data[1])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    result = dict(config=config, step_ms=statistics.median(times[1:]) * 1e3,
-                  peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    result["saved_mb"] = saved_bytes(model, data) / 2**20
-    return result
+    with _TorchOps(config):
+        step(model, opt, data)  # the optimizer's momentum buffers exist from here on
+        before = _status_mb("VmRSS")
+        step(model, opt, data)
+        peak = _status_mb("VmHWM")
+        saved = saved_bytes(model, data)
+    return dict(config=config, rss_before_mb=before, peak_rss_mb=peak,
+                saved_mb=saved["all"] / 2**20, saved_fake_quant_mb=saved["fake_quant"] / 2**20,
+                quantized_elements=saved["quantized_elements"],
+                fake_quant_bits_per_element=(8.0 * saved["fake_quant"] / saved["quantized_elements"]
+                                             if saved["quantized_elements"] else None))
+
+
+def step_times(rounds, progress=None):
+    """Median step time of every configuration, stepped in turn each round."""
+    data = make_data()
+    models = {c: build(c, data) for c in CONFIGS}
+    opts = {c: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for c, m in models.items()}
+    samples = {c: [] for c in CONFIGS}
+    for r in range(rounds + 1):  # the first round warms up
+        for c in CONFIGS:
+            with _TorchOps(c):
+                t0 = time.perf_counter()
+                step(models[c], opts[c], data)
+                dt = time.perf_counter() - t0
+            if r:
+                samples[c].append(dt)
+        if progress is not None:
+            progress.update(1)
+    return {c: statistics.median(v) for c, v in samples.items()}
+
+
+def run(rounds, progress=True):
+    from tqdm import tqdm
+
+    with tqdm(total=rounds + 1 + len(CONFIGS), desc="QAT step", disable=not progress or None, leave=False) as bar:
+        times = step_times(rounds, bar)
+        rows = []
+        for config in CONFIGS:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", config],
+                                 capture_output=True, text=True, check=True)
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            row["step_ms"] = times[config] * 1e3
+            rows.append(row)
+            bar.update(1)
+    base = rows[0]["step_ms"]
+    for r in rows:
+        r["vs_float"] = r["step_ms"] / base
+    return dict(steps=rows, rounds=rounds, threads=torch.get_num_threads(),
+                saved_bits_per_element=saved_bits_per_element_of_one_op(), descriptions=DESCRIPTIONS)
+
+
+def format_tables(result):
+    rows = result["steps"]
+    lines = [
+        "| training | step (ms) | x float | peak RSS (MB) | RSS before the step (MB) | saved for backward (MB) "
+        "| of which by fake-quant modules (MB) | bits/element saved by fake quantization |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        bits = r["fake_quant_bits_per_element"]
+        lines.append(
+            f"| {r['config']} | {r['step_ms']:.0f} | {r['vs_float']:.2f} | {r['peak_rss_mb']:.0f} | "
+            f"{r['rss_before_mb']:.0f} | {r['saved_mb']:.1f} | {r['saved_fake_quant_mb']:.2f} | "
+            f"{'' if bits is None else f'{bits:.2f}'} |"
+        )
+    lines += ["", "| one fake-quant op alone | saved for backward (bits/element) |", "|---|---:|"]
+    for name, b in result["saved_bits_per_element"].items():
+        lines.append(f"| {name} | {b:g} |")
+    return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="timed steps of each configuration")
     parser.add_argument("--json")
+    parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.steps)))
+        print(json.dumps(memory_of_one(args.one)))
         return
-    rows = []
-    for config in CONFIGS:
-        out = subprocess.run([sys.executable, __file__, "--one", config, "--steps", str(args.steps)],
-                             capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    base = rows[0]["step_ms"]
-    print(f"ResNet-18-shaped model, batch 32, 3x64x64, SGD; {torch.get_num_threads()} threads; median of {args.steps} steps")
-    print("| training | step (ms) | x float | peak RSS (MB) | saved for backward (MB) |")
-    print("|---|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['config']} | {r['step_ms']:.0f} | {r['step_ms'] / base:.2f} | {r['peak_rss_mb']:.0f} | {r['saved_mb']:.0f} |")
-    bits = saved_bits_per_element_of_one_op()
-    print()
-    print("| one fake-quant op | saved for backward (bits/element) |")
-    print("|---|---:|")
-    for name, b in bits.items():
-        print(f"| {name} | {b:g} |")
+    result = run(args.rounds, not args.no_progress)
+    print(f"ResNet-18 (torchvision's layers), batch {BATCH}, 3x{SIZE}x{SIZE}, SGD; "
+          f"{result['threads']} threads; median of {args.rounds} steps, configurations interleaved")
+    print(format_tables(result))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(steps=rows, saved_bits_per_element=bits), f, indent=1)
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
