@@ -148,6 +148,9 @@ def _with_output_strides(grad: torch.Tensor, stride: Sequence[int]) -> torch.Ten
 
 def _save_mask(ctx, inputs, output):
     y, mask = output
+    # The mask output has no gradient: do not allocate zeros for it (the
+    # backward takes None for either output).
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(mask)
     ctx.output_stride = y.stride()
     ctx.num_inputs = len(inputs)
