@@ -14,9 +14,9 @@ import json
 import statistics
 import time
 
-import numpy as np
 import torch
 
+from fakequant import reference
 from fakequant.calib import HistogramCalibrator
 
 
@@ -38,28 +38,6 @@ def timed(fn, repeat, device, warmup=2):
     return statistics.median(times)
 
 
-def loop_entropy(hist, num_bits=8, start_bin=128):
-    """Entropy search one candidate at a time (numpy per candidate), for comparison."""
-    bins = hist.astype(np.int64).copy()
-    bins[0] = bins[1]
-    levels = 1 << (num_bits - 1)
-    best, best_i = None, None
-    for i in range(start_bin, len(bins) + 1):
-        level = (np.arange(i) * levels) // i
-        nonzero = bins[:i] > 0
-        sums = np.bincount(level[nonzero], weights=bins[:i][nonzero], minlength=levels)
-        counts = np.bincount(level[nonzero], minlength=levels)
-        q = np.where(nonzero, sums[level] / np.maximum(counts[level], 1), 0.0)
-        p = bins[:i].astype(np.float64)
-        p[-1] += bins[i:].sum()
-        p, q = p / p.sum(), q / q.sum()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kl = np.where(p > 0, np.where(q > 0, p * np.log(p / q), np.inf), 0.0).sum()
-        if best is None or kl <= best:
-            best, best_i = kl, i
-    return best_i
-
-
 def run(bins=2048, repeat=20, device="cpu", baseline=False):
     """compute_amax times and histogram collection throughput, as a dict of rows."""
     device = torch.device(device)
@@ -76,7 +54,8 @@ def run(bins=2048, repeat=20, device="cpu", baseline=False):
         amax_rows.append(dict(method=method, ms=seconds * 1e3, amax=amax))
     if baseline:
         hist = calibrator._calib_hist.cpu().numpy()
-        seconds = timed(lambda: loop_entropy(hist), 1, device, warmup=0)
+        edges = calibrator._calib_bin_edges.cpu().numpy()
+        seconds = timed(lambda: reference.entropy_amax(hist, edges), 1, device, warmup=0)
         amax_rows.append(dict(method="entropy, one candidate at a time (numpy loop, for reference)",
                               ms=seconds * 1e3, amax=None))
 

@@ -81,3 +81,29 @@ def fake_quantize_min_max(x, min_range, max_range, num_bits=8):
     xc = x.to(ct)
     mask = (xc >= mn.to(ct)) & (xc <= mx.to(ct))
     return y, mask
+
+
+def entropy_amax(hist, edges, num_bits=8, unsigned=False, stride=1, start_bin=128):
+    """pytorch-quantization's entropy calibration rule written out one candidate at a
+    time (numpy arrays ``hist`` and ``edges``): what the vectorised
+    HistogramCalibrator.compute_amax("entropy") is tested against and timed beside."""
+    import numpy as np  # a test/benchmark dependency, not a runtime one
+
+    bins = hist.astype(np.int64).copy()
+    bins[0] = bins[1]
+    levels = 1 << (num_bits - 1 + int(unsigned))
+    best, best_i = None, None
+    for i in range(start_bin, len(bins) + 1, stride):
+        level = (np.arange(i) * levels) // i
+        nonzero = bins[:i] > 0
+        sums = np.bincount(level[nonzero], weights=bins[:i][nonzero], minlength=levels)
+        counts = np.bincount(level[nonzero], minlength=levels)
+        q = np.where(nonzero, sums[level] / np.maximum(counts[level], 1), 0.0)
+        p = bins[:i].astype(np.float64)
+        p[-1] += bins[i:].sum()
+        p, q = p / p.sum(), q / q.sum()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kl = np.where(p > 0, np.where(q > 0, p * np.log(p / q), np.inf), 0.0).sum()
+        if best is None or kl <= best:  # the last minimum wins
+            best, best_i = kl, i
+    return edges[best_i]

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from fakequant import calib, ops
+from fakequant import calib, ops, reference
 from fakequant import nn as quant_nn
 from fakequant.tensor_quant import QuantDescriptor
 
@@ -152,28 +152,6 @@ def test_histogram_rejects_bad_input():
 # --- amax searches against brute force -------------------------------------------------
 
 
-def brute_entropy(hist, edges, num_bits, unsigned, stride, start_bin):
-    """pytorch-quantization's entropy rule, written out one candidate at a time."""
-    bins = hist.astype(np.int64).copy()
-    bins[0] = bins[1]
-    levels = 1 << (num_bits - 1 + int(unsigned))
-    best, best_i = None, None
-    for i in range(start_bin, len(bins) + 1, stride):
-        level = (np.arange(i) * levels) // i
-        nonzero = bins[:i] > 0
-        sums = np.bincount(level[nonzero], weights=bins[:i][nonzero], minlength=levels)
-        counts = np.bincount(level[nonzero], minlength=levels)
-        q = np.where(nonzero, sums[level] / np.maximum(counts[level], 1), 0.0)
-        p = bins[:i].astype(np.float64)
-        p[-1] += bins[i:].sum()
-        p, q = p / p.sum(), q / q.sum()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kl = np.where(p > 0, np.where(q > 0, p * np.log(p / q), np.inf), 0.0).sum()
-        if best is None or kl <= best:  # the last minimum wins
-            best, best_i = kl, i
-    return edges[best_i]
-
-
 def brute_mse(hist, edges, num_bits, unsigned, stride, start_bin):
     centers = torch.from_numpy((edges[1:] + edges[:-1]) / 2).float()
     counts = torch.from_numpy(hist).double()
@@ -213,7 +191,7 @@ def test_entropy_and_mse_match_brute_force(seed, num_bits, unsigned, stride, sta
     c._num_bits, c._unsigned = num_bits, unsigned
     edges = c._calib_bin_edges.double().numpy()
     got = c.compute_amax("entropy", stride=stride, start_bin=start_bin).item()
-    assert got == pytest.approx(brute_entropy(hist, edges, num_bits, unsigned, stride, start_bin), rel=1e-6)
+    assert got == pytest.approx(reference.entropy_amax(hist, edges, num_bits, unsigned, stride, start_bin), rel=1e-6)
     got = c.compute_amax("mse", stride=stride, start_bin=start_bin).item()
     assert got == pytest.approx(brute_mse(hist, edges, num_bits, unsigned, stride, start_bin), rel=1e-6)
 
