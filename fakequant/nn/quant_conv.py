@@ -57,21 +57,12 @@ class QuantConv3d(_QuantConvNd, nn.Conv3d):
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
 
 
-class _QuantConvTransposeNd(_utils.QuantMixin):
-    """Shared forward of QuantConvTranspose1d/2d/3d."""
+class _QuantConvTransposeNd(_QuantConvNd):
+    """Shared forward of QuantConvTranspose1d/2d/3d (construction and quantizers as
+    _QuantConvNd)."""
 
-    default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
     _num_spatial_dims = 0
     _conv_transpose = None
-
-    def __init__(self, *args, **kwargs):
-        quant_desc_input, quant_desc_weight = _utils.take_quant_descs(type(self), kwargs)
-        super().__init__(*args, **kwargs)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
-
-    def _quant(self, input):
-        """``(quantized input, quantized weight)``."""
-        return self._input_quantizer(input), self._weight_quantizer(self.weight)
 
     def forward(self, input, output_size=None):
         if self.padding_mode != "zeros":
