@@ -2,7 +2,7 @@
 obviously right, and what the tests and `python -m fakequant info` compare the operators to.
 
     s  = scale (float32)           amax family: s = fp32(amax) / bound
-    xq = rint(fp32(x) / s) + zp    IEEE division, ties to even
+    xq = rint(fp32(x) / s) + zp    IEEE division, ties to even; xq - zp exact
     y  = dtype_of_x((clamp(xq, qmin, qmax) - zp) * s)
 
 float16/bfloat16 inputs compute in float32, float64 inputs in float64.
@@ -25,15 +25,28 @@ def _broadcast_param(p, x, axis):
     return p.reshape(shape)
 
 
+def _integer_bound(v, ct, up):
+    """The float64 integers v in ct, rounded up (or down) to a value of ct."""
+    c = v.to(ct)
+    step = torch.nextafter(c, torch.full_like(c, float("inf") if up else float("-inf")))
+    return torch.where(c.double() < v if up else c.double() > v, step, c)
+
+
 def fake_quantize_affine(x, scale, zero_point, axis, quant_min, quant_max):
-    """(y, mask) of the affine contract; mask marks xq in [quant_min, quant_max]."""
+    """(y, mask) of the affine contract; mask marks xq in [quant_min, quant_max].
+
+    xq - zp is integer arithmetic, exact: (clamp(r + zp) - zp) is clamp(r, quant_min - zp,
+    quant_max - zp) with r = rint(x / s). Where those bounds are not values of the compute
+    type (ranges of over 2^24 levels in float32) they round inward, keeping the mask exact.
+    """
     ct = compute_dtype(x)
     s = _broadcast_param(scale, x, axis).to(x.device, torch.float32).to(ct)
-    zp = _broadcast_param(zero_point, x, axis).to(x.device, ct)
-    xq = torch.round(x.to(ct) / s) + zp
-    q = torch.clamp(xq, quant_min, quant_max)
-    y = ((q - zp) * s).to(x.dtype)
-    mask = (xq >= quant_min) & (xq <= quant_max)
+    zp = _broadcast_param(zero_point, x, axis).to(x.device, torch.float64)  # int32 values: exact
+    r = torch.round(x.to(ct) / s)
+    lo = _integer_bound(quant_min - zp, ct, up=True)
+    hi = _integer_bound(quant_max - zp, ct, up=False)
+    y = (torch.minimum(torch.maximum(r, lo), hi) * s).to(x.dtype)  # NaN stays NaN
+    mask = (r >= lo) & (r <= hi)
     return y, mask
 
 

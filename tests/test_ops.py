@@ -117,6 +117,33 @@ def test_affine_nan_and_inf(device, dtype):
     assert mask_of(mask, y).tolist() == [False, False, False, True, True, True]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("zp", [2, -5, 2**24 + 1])
+def test_affine_range_wider_than_float32(device, zp):
+    """int32 ranges: (q - zp) is exact integer arithmetic, never rounded through q (a
+    fuzz find: 62131734 + 2 - 2 is 62131736 in float32), and bounds that float32 cannot
+    hold round inward so the mask stays exact."""
+    s = torch.tensor([1e-3], device=device)
+    z = torch.tensor([zp], dtype=torch.int32, device=device)
+    x = torch.tensor([62131.7344, 66135.2188], device=device)
+    y, _ = ops.fake_quantize_affine(x, s, z, None, -(2**31), 2**31 - 1, False)
+    r = torch.round(x / s)
+    assert torch.equal(y, r * s)
+    # quant_min - zp = -2^26 - 3 - zp is not a float32 value: x on either side of it.
+    qmin, qmax = -(2**26) - 3, 2**26 + 3
+    lo, hi = qmin - zp, qmax - zp
+    edges = torch.tensor([lo - 8, lo - 4, lo, lo + 4, lo + 8, hi - 8, hi, hi + 8], dtype=torch.float64)
+    x = (edges * 1e-3).to(torch.float32).to(device)
+    y, mask = ops.fake_quantize_affine(x, s, z, None, qmin, qmax, False)
+    r = torch.round(x / s).double()
+    assert torch.equal(mask, (r >= lo) & (r <= hi))
+    q = (y / s).double()
+    assert bool(((q >= lo) & (q <= hi)).all())  # clamped values stay inside the range
+    ey, emask = ref.fake_quantize_affine(x, s, z, None, qmin, qmax)
+    assert_same(y, ey)
+    assert torch.equal(mask, emask)
+
+
 def _layouts(device, dtype):
     base = random_input((4, 6, 5, 7), dtype, device)
     yield "channels_last", base.to(memory_format=torch.channels_last)

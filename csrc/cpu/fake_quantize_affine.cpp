@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "../op_args.h"
+#include "../quant_bounds.h"
 #include "../value_checks.h"
 #include "quantize_kernel.h"
 
@@ -31,8 +32,8 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_affine(const at::Tensor& input,
         for (int64_t i = 0; i < channels; ++i) {
           const auto zpi = static_cast<int64_t>(zp[i]);
           p.scale[i] = static_cast<C>(sp[i]);
-          p.lo[i] = static_cast<C>(quant_min - zpi);
-          p.hi[i] = static_cast<C>(quant_max - zpi);
+          p.lo[i] = integer_bound<C>(quant_min - zpi, /*up=*/true);
+          p.hi[i] = integer_bound<C>(quant_max - zpi, /*up=*/false);
           p.zero_point[i] = static_cast<C>(zpi);
         }
         return p;

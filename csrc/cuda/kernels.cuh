@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "../checks.h"
+#include "../quant_bounds.h"
 
 namespace fakequant {
 namespace gpu {
@@ -135,8 +136,8 @@ struct AffineFamily {
     const auto zi = static_cast<int64_t>(z);
     Consts<C> c{};
     c.scale = static_cast<C>(s);
-    c.lo = static_cast<C>(quant_min - zi);
-    c.hi = static_cast<C>(quant_max - zi);
+    c.lo = integer_bound<C>(quant_min - zi, /*up=*/true);
+    c.hi = integer_bound<C>(quant_max - zi, /*up=*/false);
     c.zero_point = static_cast<C>(zi);
     return c;
   }
