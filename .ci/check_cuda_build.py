@@ -10,7 +10,8 @@ import sys
 
 import torch
 
-OPS = ("fake_quantize_affine", "fake_quantize_amax", "quantize_amax", "fake_quantize_min_max", "mask_backward")
+OPS = ("fake_quantize_affine", "fake_quantize_amax", "quantize_amax", "fake_quantize_min_max", "mask_backward",
+       "fake_quantize_fp8", "fake_quantize_blockwise", "fake_quantize_lsq", "fake_quantize_lsq_backward")
 
 
 def main(lib_dir):

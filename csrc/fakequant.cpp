@@ -46,4 +46,47 @@ TORCH_LIBRARY(fakequant, m) {
   // grad where mask else 0. `mask` is either packed (uint8, one bit per element
   // of grad in memory order) or a bool tensor shaped like grad.
   m.def("mask_backward(Tensor grad, Tensor mask) -> Tensor");
+
+  // FP8 (E4M3 with exponent_bits=4, mantissa_bits=3; E5M2 with 5, 2):
+  // y = fp8(clamp(x / scale, -max, max)) * scale with scale = amax / max
+  // (max 448 or 57344), fp8() rounding to nearest even as torch's float8 casts do;
+  // amax broadcasts to input as in fake_quantize_amax, amax <= 2^-24 gives 0. The
+  // mask (packed) marks |x| <= amax.
+  m.def(
+      "fake_quantize_fp8(Tensor input, Tensor amax, int exponent_bits=4, int mantissa_bits=3) "
+      "-> (Tensor output, Tensor mask)");
+
+  // Block-wise dynamic quantization: blocks of block_size consecutive elements
+  // along the last dimension (the last block of each row may be shorter), each
+  // quantized with its own amax = max |x| over the block, computed in the same pass.
+  // Elements are integers (exponent_bits=0: num_bits, unsigned, narrow_range as in
+  // fake_quantize_amax) or floats with 1 + exponent_bits + mantissa bits = num_bits
+  // (E2M1: num_bits=4, exponent_bits=2; E4M3: 8, 4; E5M2: 8, 5). With scale_amax
+  // (one element) the block scales are themselves quantized to E4M3 against the
+  // per-tensor scale scale_amax / (max_element * 448) (NVFP4's two-level scales).
+  // The mask (packed) marks elements with |x / scale| <= the element maximum.
+  m.def(
+      "fake_quantize_blockwise(Tensor input, int block_size, int num_bits=8, "
+      "bool unsigned=False, bool narrow_range=True, int exponent_bits=0, "
+      "Tensor? scale_amax=None) -> (Tensor output, Tensor mask)");
+
+  // Learned step size (LSQ, and LSQ+ with a learned zero point): the forward is
+  // fake_quantize_affine's output; the backward (fake_quantize_lsq_backward, with
+  // grad_factor) needs the input, not a mask.
+  m.def(
+      "fake_quantize_lsq(Tensor input, Tensor scale, Tensor zero_point, int? axis, "
+      "int quant_min, int quant_max, float grad_factor=1.0) -> Tensor");
+
+  // The LSQ/LSQ+ gradients, with r = rint(x / scale) and q = r + zp:
+  //   grad_input  = grad where quant_min <= q <= quant_max, else 0;
+  //   grad_scale  = grad_factor * sum(grad * (r - x / scale) inside,
+  //                                   (quant_min - zp) below, (quant_max - zp) above);
+  //   grad_zero_point = grad_factor * sum(grad * -scale outside, 0 inside);
+  // summed per tensor (axis None) or per channel of `axis`, inside the kernel.
+  // grad_scale is float32 shaped like scale, grad_zero_point float32 shaped like
+  // zero_point.
+  m.def(
+      "fake_quantize_lsq_backward(Tensor grad, Tensor input, Tensor scale, Tensor zero_point, "
+      "int? axis, int quant_min, int quant_max, float grad_factor) "
+      "-> (Tensor grad_input, Tensor grad_scale, Tensor grad_zero_point)");
 }

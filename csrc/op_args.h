@@ -57,6 +57,19 @@ inline std::vector<int64_t> check_amax_args(const at::Tensor& input, const at::T
   return broadcast_param_strides(amax, "amax", input);
 }
 
+// fake_quantize_fp8: amax's broadcast strides. The format must be E4M3
+// (exponent_bits=4, mantissa_bits=3) or E5M2 (5, 2).
+inline std::vector<int64_t> check_fp8_args(const at::Tensor& input, const at::Tensor& amax,
+                                           int64_t exponent_bits, int64_t mantissa_bits) {
+  check_input(input);
+  check_float_param(amax, "amax", input);
+  TORCH_CHECK_VALUE((exponent_bits == 4 && mantissa_bits == 3) ||
+                        (exponent_bits == 5 && mantissa_bits == 2),
+                    "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) for FP8 E4M3 or "
+                    "(5, 2) for FP8 E5M2, got (", exponent_bits, ", ", mantissa_bits, ")");
+  return broadcast_param_strides(amax, "amax", input);
+}
+
 // fake_quantize_min_max: the shape both ranges broadcast to (they both
 // broadcast to input, so to each other).
 inline std::vector<int64_t> check_min_max_args(const at::Tensor& input,

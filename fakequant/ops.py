@@ -34,9 +34,13 @@ __all__ = [
     "fake_quantize_amax",
     "quantize_amax",
     "fake_quantize_min_max",
+    "fake_quantize_fp8",
+    "fp8_max",
     "mask_backward",
     "unpack_mask",
     "amax_bound",
+    "fake_quantize_blockwise",
+    "fake_quantize_lsq",
 ]
 
 _ops = torch.ops.fakequant
@@ -351,3 +355,290 @@ def fake_quantize_min_max(
     max_range = _as_tensor(max_range, input, torch.float32, "max_range")
     num_bits = _check_int(num_bits, "num_bits")
     return _ops.fake_quantize_min_max(input, min_range, max_range, num_bits)[0]
+
+
+# === FP8: fake_quantize_fp8 (owner: the FP8 work; edit only inside this section) ===
+
+_FP8_MAX = {(4, 3): 448.0, (5, 2): 57344.0}  # (exponent_bits, mantissa_bits): largest finite value
+
+
+def _check_fp8_format(exponent_bits, mantissa_bits) -> None:
+    if (exponent_bits, mantissa_bits) not in _FP8_MAX:
+        raise ValueError(
+            "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) for FP8 E4M3 or (5, 2) "
+            f"for FP8 E5M2, got ({exponent_bits}, {mantissa_bits})"
+        )
+
+
+def fp8_max(exponent_bits: int = 4, mantissa_bits: int = 3) -> float:
+    """The largest finite value of an FP8 format: 448.0 for E4M3 (4, 3), 57344.0 for E5M2 (5, 2)."""
+    exponent_bits = _check_int(exponent_bits, "exponent_bits")
+    mantissa_bits = _check_int(mantissa_bits, "mantissa_bits")
+    _check_fp8_format(exponent_bits, mantissa_bits)
+    return _FP8_MAX[(exponent_bits, mantissa_bits)]
+
+
+@torch.library.register_fake("fakequant::fake_quantize_fp8")
+def _(input, amax, exponent_bits=4, mantissa_bits=3):
+    _check_meta(input, amax=amax)
+    _check_fp8_format(exponent_bits, mantissa_bits)
+    y = torch.empty_like(input)
+    return y, _new_mask(y)
+
+
+torch.library.register_autograd(
+    "fakequant::fake_quantize_fp8", _backward_through_mask, setup_context=_save_mask
+)
+
+
+def fake_quantize_fp8(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    exponent_bits: int = 4,
+    mantissa_bits: int = 3,
+) -> torch.Tensor:
+    """FP8 fake quantization: E4M3 (``exponent_bits=4, mantissa_bits=3``, max 448)
+    or E5M2 (5, 2; max 57344) with scale ``s = amax / max``:
+    ``fp8(clamp(x / s, -max, max)) * s``, rounded to nearest even as torch's
+    float8 casts round (bit-identical to ``.to(torch.float8_e4m3fn)``).
+
+    ``amax`` is a number or a tensor broadcastable to ``input``, as in
+    :func:`fake_quantize_amax`; where ``amax <= 2^-24`` the output is 0. The
+    gradient passes where ``|x| <= amax``.
+    """
+    input = _check_tensor(input, "input")
+    amax = _as_tensor(amax, input, torch.float32, "amax")
+    exponent_bits = _check_int(exponent_bits, "exponent_bits")
+    mantissa_bits = _check_int(mantissa_bits, "mantissa_bits")
+    return _ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits)[0]
+
+
+# === end FP8 ===
+
+
+# === block-wise: fake_quantize_blockwise (edit only inside this section) ===
+
+_BLOCKWISE_FLOAT_FORMATS = {(4, 2): "E2M1", (8, 4): "E4M3", (8, 5): "E5M2"}
+
+
+def _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax):
+    # The C++ checks (csrc/blockwise_args.h), repeated for the fake kernel.
+    if block_size < 1:
+        raise ValueError(f"fakequant: block_size must be >= 1, got {block_size}")
+    if exponent_bits < 0:
+        raise ValueError(f"fakequant: exponent_bits must be 0 (integers), 2, 4 or 5, got {exponent_bits}")
+    if exponent_bits == 0:
+        if not 2 <= num_bits <= 16:
+            raise ValueError(f"fakequant: num_bits must be in [2, 16], got {num_bits}")
+    else:
+        if (num_bits, exponent_bits) not in _BLOCKWISE_FLOAT_FORMATS:
+            raise ValueError(
+                "fakequant: (num_bits, exponent_bits) must be (4, 2) for E2M1, (8, 4) for E4M3 or (8, 5) "
+                f"for E5M2 (or exponent_bits 0 for integers), got ({num_bits}, {exponent_bits})"
+            )
+        if unsigned:
+            raise ValueError(
+                f"fakequant: unsigned must be False for floating-point elements (exponent_bits {exponent_bits})"
+            )
+    if scale_amax is not None:
+        if not scale_amax.dtype.is_floating_point:
+            raise TypeError(f"fakequant: scale_amax must be a floating-point tensor, got {scale_amax.dtype}")
+        if scale_amax.numel() != 1:
+            raise ValueError(
+                f"fakequant: scale_amax must have one element, got {scale_amax.numel()} "
+                f"(shape {list(scale_amax.shape)})"
+            )
+
+
+def _blockwise_keeps_layout(input: torch.Tensor) -> bool:
+    """Whether the block-wise output keeps input's strides (csrc/blockwise_args.h): the
+    tensor is non-overlapping and dense and its rows (the last dimension) are runs of
+    memory. Otherwise the kernels work on a contiguous copy and the output is contiguous."""
+    if input.dim() > 0 and input.size(-1) > 1 and input.stride(-1) != 1:
+        return False
+    # is_non_overlapping_and_dense: the dimensions of size > 1, by stride, pack densely.
+    dims = sorted((input.stride(d), input.size(d)) for d in range(input.dim()) if input.size(d) > 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+@torch.library.register_fake("fakequant::fake_quantize_blockwise")
+def _(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0, scale_amax=None):
+    _check_meta(input, **({} if scale_amax is None else {"scale_amax": scale_amax}))
+    _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax)
+    y = torch.empty_like(input) if _blockwise_keeps_layout(input) else input.new_empty(input.shape)
+    return y, _new_mask(y)
+
+
+torch.library.register_autograd(
+    "fakequant::fake_quantize_blockwise", _backward_through_mask, setup_context=_save_mask
+)
+
+
+def fake_quantize_blockwise(
+    input: torch.Tensor,
+    block_size: int,
+    num_bits: int = 8,
+    unsigned: bool = False,
+    narrow_range: bool = True,
+    exponent_bits: int = 0,
+    scale_amax: Optional[TensorOrNumber] = None,
+    axis: int = -1,
+) -> torch.Tensor:
+    """Block-wise dynamic fake quantization: blocks of ``block_size`` consecutive
+    elements along ``axis`` (the last block of each row may be shorter), each
+    with its own scale ``amax / elem_max``, ``amax = max |x|`` over the block.
+
+    Elements are integers (``exponent_bits=0``: ``num_bits``, ``unsigned`` and
+    ``narrow_range`` as in :func:`fake_quantize_amax`) or small floats:
+    ``(num_bits, exponent_bits)`` = (4, 2) for E2M1 (max 6), (8, 4) for E4M3
+    (448), (8, 5) for E5M2 (57344). With ``scale_amax`` (one element, >= 0) the
+    block scales are themselves rounded to E4M3 against the per-tensor scale
+    ``scale_amax / (elem_max * 448)``: NVFP4 is ``block_size=16, num_bits=4,
+    exponent_bits=2, scale_amax=x.abs().amax()``. Blocks with amax <= 2^-24 (or
+    a zero scale) give 0. A block holding NaN gives NaN; one holding +-inf has
+    an infinite one-level scale, which makes its outputs NaN.
+
+    The gradient passes where ``|x / scale| <= elem_max`` (the straight-through
+    estimator with clipping). Other axes than the last are moved last (a copy
+    when that makes the rows strided) and back.
+    """
+    input = _check_tensor(input, "input")
+    block_size = _check_int(block_size, "block_size")
+    num_bits = _check_int(num_bits, "num_bits")
+    exponent_bits = _check_int(exponent_bits, "exponent_bits")
+    axis = _check_int(axis, "axis")
+    if scale_amax is not None:
+        scale_amax = _as_tensor(scale_amax, input, torch.float32, "scale_amax")
+    nd = max(input.dim(), 1)
+    if not -nd <= axis < nd:
+        raise IndexError(f"fakequant: axis {axis} is out of range for input with {input.dim()} dimensions")
+    axis %= nd
+    moved = input.dim() > 1 and axis != input.dim() - 1
+    x = input.movedim(axis, -1) if moved else input
+    y = _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax)[0]
+    return y.movedim(-1, axis) if moved else y
+
+
+# === end block-wise ===
+
+
+# === LSQ: fake_quantize_lsq, fake_quantize_lsq_backward (edit only inside this section) ===
+
+# Learned step size quantization (LSQ, Esser et al. 2020) and LSQ+ (Bhalgat et
+# al. 2020, a learned zero point). The forward is fake_quantize_affine's output;
+# the backward needs the input (not a one-bit mask), so input, scale and
+# zero_point are saved. With r = rint(x / s) and inside = quant_min <= r + zp <= quant_max:
+#   d input      = grad where inside, else 0;
+#   d scale      = grad_factor * sum(grad * (r - x / s) inside, (quant_min - zp) below,
+#                                   (quant_max - zp) above);
+#   d zero_point = grad_factor * sum(grad * -s outside, 0 inside),
+# per tensor or per channel. A NaN in input makes its channel's scale and zero-point
+# gradients NaN (and passes no input gradient). fake_quantize_lsq_backward has no
+# autograd formula: no double backward through LSQ.
+
+
+@torch.library.register_fake("fakequant::fake_quantize_lsq")
+def _(input, scale, zero_point, axis, quant_min, quant_max, grad_factor=1.0):
+    _check_meta(input, scale=scale, zero_point=zero_point)
+    return torch.empty_like(input)
+
+
+@torch.library.register_fake("fakequant::fake_quantize_lsq_backward")
+def _(grad, input, scale, zero_point, axis, quant_min, quant_max, grad_factor):
+    _check_meta(input, scale=scale, zero_point=zero_point, grad=grad)
+    _check_meta(grad, "grad")
+    if grad.shape != input.shape:
+        raise ValueError(f"fakequant: grad must have input's shape {tuple(input.shape)}, got {tuple(grad.shape)}")
+    if grad.dtype != input.dtype:
+        raise TypeError(f"fakequant: grad must have input's dtype {input.dtype}, got {grad.dtype}")
+    grad_scale = torch.empty(scale.shape, dtype=torch.float32, device=scale.device)
+    grad_zero_point = torch.empty(zero_point.shape, dtype=torch.float32, device=zero_point.device)
+    return torch.empty_like(input), grad_scale, grad_zero_point
+
+
+def _lsq_setup_context(ctx, inputs, output):
+    input, scale, zero_point, axis, quant_min, quant_max, grad_factor = inputs
+    ctx.save_for_backward(input, scale, zero_point)
+    ctx.args = (axis, quant_min, quant_max, grad_factor)
+
+
+def _lsq_backward(ctx, grad):
+    input, scale, zero_point = ctx.saved_tensors
+    grad_input, grad_scale, grad_zero_point = _ops.fake_quantize_lsq_backward(grad, input, scale, zero_point, *ctx.args)
+    if not ctx.needs_input_grad[0]:
+        grad_input = None
+    if ctx.needs_input_grad[1]:
+        grad_scale = grad_scale.to(scale.dtype)
+    else:
+        grad_scale = None
+    if ctx.needs_input_grad[2] and zero_point.is_floating_point():
+        grad_zero_point = grad_zero_point.to(zero_point.dtype)
+    else:
+        grad_zero_point = None
+    return grad_input, grad_scale, grad_zero_point, None, None, None, None
+
+
+torch.library.register_autograd("fakequant::fake_quantize_lsq", _lsq_backward, setup_context=_lsq_setup_context)
+
+
+def _check_float(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"fakequant: {name} must be a float, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"fakequant: {name} must be finite, got {value!r}")
+    return value
+
+
+def fake_quantize_lsq(
+    input: torch.Tensor,
+    scale: TensorOrNumber,
+    zero_point: TensorOrNumber = 0,
+    axis: Optional[int] = None,
+    quant_min: int = -128,
+    quant_max: int = 127,
+    grad_factor: Optional[float] = None,
+) -> torch.Tensor:
+    """Fake quantization with a learned step size (LSQ) and, with a floating-point
+    ``zero_point`` tensor, a learned zero point (LSQ+).
+
+    The output is :func:`fake_quantize_affine`'s. ``scale`` is a number or a float
+    tensor of one element (``axis=None``) or ``input.size(axis)`` elements; it gets the
+    LSQ gradient. ``zero_point`` is an integer (tensor or number; fixed) or a float
+    tensor (learned): a float zero point is rounded to the nearest integer and clamped
+    into ``[quant_min, quant_max]`` with a straight-through estimator (its gradient
+    passes unchanged). ``grad_factor`` scales both parameter gradients; ``None`` is
+    LSQ's ``1 / sqrt(n * quant_max)`` with ``n`` the number of elements per scale
+    value (``quant_max`` taken as at least 1). That default depends on the input's size,
+    so ``torch.compile(dynamic=True)`` compiles once per size unless ``grad_factor`` is
+    given.
+    """
+    input = _check_tensor(input, "input")
+    scale = _as_tensor(scale, input, torch.float32, "scale")
+    axis = _check_int(axis, "axis", optional=True)
+    quant_min, quant_max = _check_int(quant_min, "quant_min"), _check_int(quant_max, "quant_max")
+    if isinstance(zero_point, torch.Tensor) and zero_point.is_floating_point():
+        # Value: the rounded, clamped zero point exactly (r + 0); gradient: identity.
+        rounded = zero_point.detach().round().clamp(quant_min, quant_max)
+        zero_point = rounded + (zero_point - zero_point.detach())
+    elif isinstance(zero_point, torch.Tensor):
+        zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point")
+    else:  # a number: one zero point for every channel of scale
+        zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point").expand(scale.shape)
+    if grad_factor is None:
+        n = input.numel()
+        if axis is not None and -input.dim() <= axis < input.dim() and input.size(axis) > 0:
+            n //= input.size(axis)
+        # (under torch.compile with dynamic shapes n may be symbolic: no float() of it here)
+        grad_factor = 1.0 / math.sqrt(max(n, 1) * max(quant_max, 1))
+    else:
+        grad_factor = _check_float(grad_factor, "grad_factor")
+    return _ops.fake_quantize_lsq(input, scale, zero_point, axis, quant_min, quant_max, grad_factor)
+
+
+# === end LSQ ===

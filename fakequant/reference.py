@@ -120,3 +120,173 @@ def entropy_amax(hist, edges, num_bits=8, unsigned=False, stride=1, start_bin=12
         if best is None or kl <= best:  # the last minimum wins
             best, best_i = kl, i
     return edges[best_i]
+
+
+# === FP8 (edit only inside this section) ===
+
+# (exponent_bits, mantissa_bits) -> (torch's float8 dtype, largest finite value)
+FP8_FORMATS = {(4, 3): (torch.float8_e4m3fn, 448.0), (5, 2): (torch.float8_e5m2, 57344.0)}
+
+
+def fake_quantize_fp8(x, amax, exponent_bits=4, mantissa_bits=3):
+    """(y, mask) of FP8 fake quantization with torch's float8 casts (round to nearest even):
+
+        s = fp32(amax) / max              (float32 division; max 448 for E4M3, 57344 for E5M2)
+        y = dtype_of_x(fp8(clamp(x / s, -max, max)) * s)
+
+    in float32 (float64 for float64 x, whose cast to float8 goes through float32, as
+    torch's does). Where amax <= 2^-24 the output is 0 (NaN stays NaN); mask marks
+    |x| <= amax.
+    """
+    if (exponent_bits, mantissa_bits) not in FP8_FORMATS:
+        raise ValueError(
+            "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) or (5, 2), "
+            f"got ({exponent_bits}, {mantissa_bits})"
+        )
+    fp8, fmax = FP8_FORMATS[(exponent_bits, mantissa_bits)]
+    ct = compute_dtype(x)
+    a32 = torch.as_tensor(amax).to(x.device, torch.float32)
+    zero = a32 <= AMAX_EPSILON
+    s = torch.where(zero, torch.ones_like(a32), a32 / fmax).to(ct)
+    xs = x.to(ct) / s
+    y = xs.clamp(-fmax, fmax).to(fp8).to(ct) * s
+    y = torch.where(zero, xs.clamp(0, 0), y)  # amax ~ 0: everything to 0, NaN stays NaN
+    mask = x.to(ct).abs() <= a32.to(ct)
+    return y.to(x.dtype), mask
+
+# === end FP8 ===
+
+
+# === block-wise (edit only inside this section) ===
+
+E4M3_MAX, E5M2_MAX, E2M1_MAX = 448.0, 57344.0, 6.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7
+
+
+def round_e2m1(v):
+    """float32 v rounded to FP4 E2M1 (saturating at +-6), ties to the even code; NaN stays NaN."""
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=v.device)
+    a = v.double().abs().clamp(max=E2M1_MAX)
+    hi = torch.searchsorted(grid, a.nan_to_num(0.0)).clamp(1, 7)  # grid[hi - 1] < a <= grid[hi]
+    below, above = grid[hi - 1], grid[hi]
+    d_below, d_above = a - below, above - a
+    up = (d_above < d_below) | ((d_above == d_below) & (hi % 2 == 0))
+    r = torch.where(up, above, below).float()
+    return torch.where(v.isnan(), v, torch.copysign(r, v))
+
+
+def round_to_float_format(v, exponent_bits):
+    """float32 v rounded (saturating, ties to even) to E2M1 (2), E4M3 (4) or E5M2 (5)."""
+    if exponent_bits == 2:
+        return round_e2m1(v)
+    if exponent_bits == 4:
+        return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+    return v.clamp(-E5M2_MAX, E5M2_MAX).to(torch.float8_e5m2).float()
+
+
+def blockwise_element_max(num_bits, unsigned, exponent_bits):
+    if exponent_bits == 0:
+        return float(amax_range(num_bits, unsigned, False)[0])
+    return {2: E2M1_MAX, 4: E4M3_MAX, 5: E5M2_MAX}[exponent_bits]
+
+
+def blockwise_saturation_limit(exponent_bits):
+    """The largest |xs| that a float format rounds without saturating, ties included:
+    max + half its top step (464 for E4M3, 61440 for E5M2, 7 for E2M1)."""
+    return {2: E2M1_MAX + 1.0, 4: E4M3_MAX + 16.0, 5: E5M2_MAX + 4096.0}[exponent_bits]
+
+
+def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0,
+                            scale_amax=None):
+    """(y, mask) of block-wise dynamic quantization along the last dimension.
+
+    Each row is cut into blocks of block_size (the last one shorter); per block, in float32:
+        amax = max |x|                                   (NaN in the block: NaN)
+        s    = amax / elem_max                           one level
+        s    = e4m3(fp32(amax / elem_max) / g) * g       two levels, g = scale_amax / (elem_max * 448)
+        degenerate where amax <= 2^-24, s == 0 or g <= 0: outputs 0 (NaN stays NaN), mask = not NaN
+    and per element, in the compute type ct:
+        xs = x / s;  q = clamp(rint(xs), qmin, qmax) (integers) or round_to_format(fp32(xs)) (floats)
+        y  = dtype_of_x(q * s);  mask: the element was not saturated, i.e. qmin <= rint(xs) <= qmax
+        (integers) or |xs| <= max + half the format's top step (floats: what rounds to +-max at most)
+    (|xs| <= elem_max would drop the gradient of block maxima whose amax / fp32(amax / bound)
+    rounds just above bound.) Float elements round xs in float32 even for float64 inputs, as
+    torch's float8 casts do.
+    A block holding +-inf has amax inf: with one level its scale is inf and its outputs NaN.
+    """
+    ct = compute_dtype(x)
+    shape = x.shape
+    rows = x.reshape(-1, 1) if x.dim() == 0 else x.reshape(-1, shape[-1])
+    length = rows.shape[1]
+    nblocks = -(-length // block_size)
+    padded = torch.nn.functional.pad(rows, (0, nblocks * block_size - length))
+    xb = padded.reshape(rows.shape[0], nblocks, block_size)
+
+    elem_max = blockwise_element_max(num_bits, unsigned, exponent_bits)
+    amax = xb.abs().amax(-1, keepdim=True).float()
+    # Divisions by tensors: torch's CUDA kernels multiply by the reciprocal of a Python number.
+    s = amax / torch.full_like(amax, elem_max)
+    degenerate = amax <= AMAX_EPSILON
+    if scale_amax is not None:
+        sa = torch.as_tensor(scale_amax).to(x.device, torch.float32).reshape(1, 1, 1)
+        g = sa / torch.full_like(sa, elem_max * E4M3_MAX)  # elem_max * 448: exact
+        s = round_to_float_format(s / g, 4) * g
+        degenerate = degenerate | (g <= 0)
+    degenerate = degenerate | (s == 0)
+
+    xc = xb.to(ct)
+    xs = xc / s.to(ct)
+    if exponent_bits == 0:
+        bound, qmin = amax_range(num_bits, unsigned, narrow_range)
+        r = torch.round(xs)
+        q = r.clamp(qmin, bound)  # NaN stays NaN
+        inside = (r >= qmin) & (r <= bound)
+    else:
+        q = round_to_float_format(xs.float(), exponent_bits).to(ct)
+        inside = xs.abs() <= blockwise_saturation_limit(exponent_bits)
+    y = q * s.to(ct)
+    y = torch.where(degenerate, torch.where(xc.isnan(), xc, torch.zeros_like(xc)), y)
+    mask = torch.where(degenerate, ~xc.isnan(), inside)
+
+    def unblock(t):
+        return t.reshape(rows.shape[0], nblocks * block_size)[:, :length].reshape(shape)
+
+    return unblock(y).to(x.dtype), unblock(mask)
+
+
+# === end block-wise ===
+
+
+# === LSQ (edit only inside this section) ===
+
+
+def _scaled_grad(t, factor):
+    """t's value exactly (t + 0), with its gradient multiplied by factor (LSQ's grad_scale)."""
+    return t.detach() + (t * factor - (t * factor).detach())
+
+
+def fake_quantize_lsq(x, scale, zero_point, axis, quant_min, quant_max, grad_factor):
+    """LSQ/LSQ+ in plain PyTorch, with straight-through rounding, so that autograd of it
+    gives the LSQ gradients; the value is fake_quantize_affine's. For a float64 x, with
+    r = rint(x / s), inside = quant_min - zp <= r <= quant_max - zp:
+      d x     = grad inside, 0 outside;
+      d scale = grad_factor * sum(grad * (r - x / s) inside, (quant_min - zp) below, (quant_max - zp) above);
+      d zp    = grad_factor * sum(-grad * s outside), for a floating zero_point that requires grad.
+    scale and zero_point may require grad; zero_point must hold integers. Finite x only
+    (x / s rounded straight-through is NaN at +-inf); NaN x gives NaN y.
+    """
+    ct = compute_dtype(x)
+    s = _broadcast_param(scale, x, axis).to(x.device, torch.float32).to(ct)
+    s = _scaled_grad(s, grad_factor)
+    zp = _broadcast_param(zero_point, x, axis).to(x.device)
+    zp64 = zp.detach().to(torch.float64)  # int32 values: exact
+    # lo = quant_min - zp and hi = quant_max - zp as the kernels round them (inward, to
+    # values of ct), carrying the gradient -1 for zp.
+    dzp = _scaled_grad(zp.to(ct), grad_factor) - zp.detach().to(ct) if zp.is_floating_point() else 0.0
+    lo = _integer_bound(quant_min - zp64, ct, up=True) - dzp
+    hi = _integer_bound(quant_max - zp64, ct, up=False) - dzp
+    v = x.to(ct) / s
+    r = v + (torch.round(v) - v).detach()  # the value is round(v) exactly
+    return (torch.clamp(r, lo, hi) * s).to(x.dtype)
+
+# === end LSQ ===

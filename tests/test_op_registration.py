@@ -38,6 +38,21 @@ def opcheck_cases(device):
         (ops.fake_quantize_min_max, (xt, lo, hi, 8)),
         (ops.mask_backward, (torch.randn(4, 3, 5, 6, device=device, requires_grad=True), packed)),
         (ops.mask_backward, (torch.randn(3, 4, device=device, requires_grad=True), torch.rand(3, 4, device=device) > 0.5)),
+        # FP8 cases (FP8 work adds here)
+        (ops.fake_quantize_fp8, (x, amax, 4, 3)),
+        (ops.fake_quantize_fp8, (xcl, amax_c, 5, 2)),
+        (ops.fake_quantize_fp8, (xt, amax, 4, 3)),
+        # block-wise cases (block-wise work adds here)
+        (ops.fake_quantize_blockwise, (x, 4, 8, False, True, 0, None)),  # ragged: 4 + 2
+        (ops.fake_quantize_blockwise, (xcl, 3, 4, False, True, 2, torch.tensor(2.0, device=device))),
+        (ops.fake_quantize_blockwise, (xt, 2, 4, True, False, 0, None)),
+        (ops.fake_quantize_blockwise, (x, 16, 8, False, True, 4, None)),
+        # LSQ cases (LSQ work adds here)
+        (ops.fake_quantize_lsq, (x, s1.clone().requires_grad_(), z1, None, -128, 127, 0.5)),
+        (ops.fake_quantize_lsq, (xcl, s3.clone().requires_grad_(), z3.float().requires_grad_(), 1, -8, 7)),
+        (ops.fake_quantize_lsq, (xt, s1, z1, None, 0, 255, 1.0)),
+        (ops.fake_quantize_lsq_backward, (torch.randn(4, 3, 5, 6, device=device), x.detach(), s3, z3, 1, -8, 7, 0.25)),
+        (ops.fake_quantize_lsq_backward, (torch.randn(6, 5, device=device).t(), xt.detach(), s1, z1, None, 0, 255, 1.0)),
     ]
 
 

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../float_formats.h"
 #include "../op_args.h"
 #include "../param_layout.h"
 
@@ -35,11 +36,13 @@ namespace cpu {
 template <typename scalar_t>
 using compute_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
-enum class Output { kFake, kInteger };  // (q - zp) * scale, or q itself
+// (q - zp) * scale, q itself, or fp8(clamp(x / scale, lo, hi)) * scale
+enum class Output { kFake, kInteger, kFp8E4M3, kFp8E5M2 };
 enum class Window { kQuantRange, kInput };  // mask: q unclamped in range, or x in [lo, hi]
 
 // Per-parameter constants, one entry per element of the (broadcast) parameter
-// array. lo/hi bound rint(x / scale) (the quantization range less the zero point).
+// array. lo/hi bound rint(x / scale) (the quantization range less the zero point);
+// for the FP8 outputs they bound x / scale (+-max of the format).
 template <typename C>
 struct QuantParams {
   std::vector<C> scale, lo, hi, zero_point, window_lo, window_hi;
@@ -54,15 +57,28 @@ inline C round_half_even(C v) {
   return std::nearbyint(v);
 }
 
+constexpr bool is_fp8(Output o) { return o == Output::kFp8E4M3 || o == Output::kFp8E5M2; }
+
 template <typename scalar_t, typename C, Output O, Window W>
 inline void quantize_element(scalar_t x, scalar_t& y, uint8_t& m, C s, C lo, C hi, C zp, C wlo,
                              C whi) {
   const C xv = static_cast<C>(x);
-  const C r = round_half_even(xv / s);
-  const C q = r < lo ? lo : (r > hi ? hi : r);  // NaN falls through both tests
-  y = static_cast<scalar_t>(O == Output::kFake ? q * s : q + zp);
-  m = W == Window::kQuantRange ? static_cast<uint8_t>((r >= lo) & (r <= hi))
-                               : static_cast<uint8_t>((xv >= wlo) & (xv <= whi));
+  if constexpr (is_fp8(O)) {
+    static_assert(W == Window::kInput, "the FP8 mask is the input window |x| <= amax");
+    constexpr FloatFormat format = O == Output::kFp8E4M3 ? kE4M3 : kE5M2;
+    const C xs = xv / s;
+    const C c = xs < lo ? lo : (xs > hi ? hi : xs);  // NaN falls through both tests
+    // float64 goes through float32 first, as torch's double -> float8 cast does.
+    const float q = round_to_format(static_cast<float>(c), format);
+    y = static_cast<scalar_t>(static_cast<C>(q) * s);
+    m = static_cast<uint8_t>((xv >= wlo) & (xv <= whi));
+  } else {
+    const C r = round_half_even(xv / s);
+    const C q = r < lo ? lo : (r > hi ? hi : r);  // NaN falls through both tests
+    y = static_cast<scalar_t>(O == Output::kFake ? q * s : q + zp);
+    m = W == Window::kQuantRange ? static_cast<uint8_t>((r >= lo) & (r <= hi))
+                                 : static_cast<uint8_t>((xv >= wlo) & (xv <= whi));
+  }
 }
 
 // A run of elements sharing one set of parameters (per-tensor, or the inner

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "../checks.h"
+#include "../float_formats.h"
 #include "../quant_bounds.h"
 
 namespace fakequant {
@@ -31,7 +32,8 @@ namespace gpu {
 template <typename scalar_t>
 using compute_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
-enum class Output { kFake, kInteger };      // (q - zp) * scale, or q itself
+// (q - zp) * scale, q itself, or fp8(clamp(x / scale, lo, hi)) * scale
+enum class Output { kFake, kInteger, kFp8E4M3, kFp8E5M2 };
 enum class Window { kQuantRange, kInput };  // mask: q unclamped in range, or x in [lo, hi]
 
 constexpr int kWarpSize = 32;
@@ -184,6 +186,27 @@ struct AmaxFamily {
   }
 };
 
+// FP8: scale = amax / max of the format; lo/hi bound x / scale.
+template <typename C>
+struct Fp8Family {
+  ParamPtr amax;
+  float max;  // 448 (E4M3) or 57344 (E5M2)
+
+  __device__ Consts<C> make(int64_t i) const {
+    const float a = amax.as_float(i);
+    if (!(a >= 0.0f && isfinite(a))) return invalid_consts<C>();  // valid_amax
+    const bool zero = a <= kAmaxEpsilon;  // quantizes everything to 0
+    Consts<C> c{};
+    c.scale = zero ? C(1) : static_cast<C>(__fdiv_rn(a, max));
+    c.lo = zero ? C(0) : -static_cast<C>(max);
+    c.hi = zero ? C(0) : static_cast<C>(max);
+    c.zero_point = C(0);
+    c.window_lo = -static_cast<C>(a);
+    c.window_hi = static_cast<C>(a);
+    return c;
+  }
+};
+
 // --- parameter lookup ------------------------------------------------------------
 
 // ParamLayout (../param_layout.h) by value, for the kernel's parameter space.
@@ -291,13 +314,27 @@ struct LookupFor<TableParams<C>> {
 
 // --- the element rule (the contract) --------------------------------------------
 
+// Round to nearest even, as static_cast<float> of a double in device code.
+__device__ __forceinline__ float to_float_rn(float v) { return v; }
+__device__ __forceinline__ float to_float_rn(double v) { return __double2float_rn(v); }
+
 template <Output O, Window W, typename C>
 __device__ __forceinline__ C quantize_value(C xv, const Consts<C>& p, unsigned& m) {
-  const C r = round_half_even(div_rn(xv, p.scale));
-  const C q = r < p.lo ? p.lo : (r > p.hi ? p.hi : r);  // NaN falls through both tests
-  m = W == Window::kQuantRange ? static_cast<unsigned>((r >= p.lo) & (r <= p.hi))
-                               : static_cast<unsigned>((xv >= p.window_lo) & (xv <= p.window_hi));
-  return O == Output::kFake ? mul_rn(q, p.scale) : add_rn(q, p.zero_point);
+  if constexpr (O == Output::kFp8E4M3 || O == Output::kFp8E5M2) {
+    static_assert(W == Window::kInput, "the FP8 mask is the input window |x| <= amax");
+    constexpr FloatFormat format = O == Output::kFp8E4M3 ? kE4M3 : kE5M2;
+    const C xs = div_rn(xv, p.scale);
+    const C c = xs < p.lo ? p.lo : (xs > p.hi ? p.hi : xs);  // NaN falls through both tests
+    m = static_cast<unsigned>((xv >= p.window_lo) & (xv <= p.window_hi));
+    // float64 goes through float32 first, as torch's double -> float8 cast does.
+    return mul_rn(static_cast<C>(round_to_format(to_float_rn(c), format)), p.scale);
+  } else {
+    const C r = round_half_even(div_rn(xv, p.scale));
+    const C q = r < p.lo ? p.lo : (r > p.hi ? p.hi : r);  // NaN falls through both tests
+    m = W == Window::kQuantRange ? static_cast<unsigned>((r >= p.lo) & (r <= p.hi))
+                                 : static_cast<unsigned>((xv >= p.window_lo) & (xv <= p.window_hi));
+    return O == Output::kFake ? mul_rn(q, p.scale) : add_rn(q, p.zero_point);
+  }
 }
 
 // Elements per 128-bit access.

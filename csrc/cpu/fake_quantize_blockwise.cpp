@@ -1,0 +1,420 @@
+// CPU kernel of fake_quantize_blockwise: blocks of block_size consecutive
+// elements along the last dimension, each quantized with its own scale from
+// amax = max |x| over the block, found in the same pass (the block is read
+// from memory once; the second read hits L1).
+//
+// Memory is walked as "rows" of R elements: R = block_size when it divides the
+// last dimension (every block full: one block per row), else R = the last
+// dimension (ceil(L / block_size) blocks, the last one shorter). Tiles are
+// whole rows and start on a byte of the packed mask, so every block lies in one
+// tile and every tile owns its mask bytes. Within a tile, simple loops over
+// L1-resident data: the amax of every block (the integer max of |x|'s bit
+// patterns: branch-free, vectorised, and NaN propagates because NaN's patterns
+// exceed inf's), the scales of every block (vectorised across blocks), the
+// elements. Where such a tile would exceed kMaxTile elements (blocks or ragged
+// rows of thousands of elements), the amax of every block is found first, in
+// a pass of its own, and the elements follow in tiles of 2048 (x is read twice).
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <numeric>
+#include <optional>
+#include <vector>
+
+#include "../blockwise_args.h"
+#include "../op_args.h"
+#include "quantize_kernel.h"
+
+namespace fakequant {
+namespace cpu {
+namespace {
+
+struct Geometry {
+  int64_t row_len;         // R
+  int64_t block_size;      // full blocks; <= R unless one block covers a whole row
+  int64_t blocks_per_row;  // ceil(R / block_size)
+  int64_t last_len;        // length of a row's last block
+  int64_t rows_per_tile;   // a multiple of 8 / gcd(R, 8): tiles start on a mask byte
+};
+
+// The element rule's constants, passed by value into the loops (a copy in
+// registers: no reloads after every store).
+template <typename C>
+struct Rule {
+  C quant_min, quant_max;  // integer elements: the clamp range of rint(x / s)
+  C float_limit;          // float elements: the largest |x / s| not saturated
+};
+
+template <typename C>
+struct Consts {
+  Rule<C> rule;
+  float elem_max, g;  // g: the per-tensor scale of two-level scales (else 1)
+  bool two_level;
+};
+
+// max |x| over a block, in float32: the largest bit pattern of |fp32(x)|.
+template <int kLen, typename scalar_t>
+inline float block_amax(const scalar_t* __restrict__ x, int64_t len) {
+  const int64_t n = kLen > 0 ? kLen : len;
+  uint32_t m = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const uint32_t b = float_to_bits(static_cast<float>(x[k])) & 0x7fffffffu;
+    m = b > m ? b : m;
+  }
+  return bits_to_float(m);
+}
+
+// The contract for one element of a block with scale s (the mask byte in m).
+template <Elem E, typename scalar_t, typename C>
+inline scalar_t quantize_element(scalar_t x, C s, uint8_t& m, const Rule<C> c) {
+  const C xs = static_cast<C>(x) / s;
+  C q;
+  if constexpr (E == Elem::kInt) {
+    const C r = round_half_even(xs);
+    q = r < c.quant_min ? c.quant_min : (r > c.quant_max ? c.quant_max : r);  // NaN falls through
+  } else {
+    q = static_cast<C>(round_to_format(static_cast<float>(xs), float_format_of<E>()));
+  }
+  // not saturated: rint(xs) within [quant_min, quant_max], or |xs| within the format's limit
+  m = E == Elem::kInt ? static_cast<uint8_t>((round_half_even(xs) >= c.quant_min) &
+                                             (round_half_even(xs) <= c.quant_max))
+                      : static_cast<uint8_t>(std::abs(xs) <= c.float_limit);
+  return static_cast<scalar_t>(q * s);
+}
+
+// A block of kLen (or len) elements sharing the scale s.
+template <Elem E, int kLen, typename scalar_t, typename C>
+inline void quantize_block(const scalar_t* __restrict__ x, C s, scalar_t* __restrict__ y,
+                           uint8_t* __restrict__ m, int64_t len, const Rule<C> c) {
+  const int64_t n = kLen > 0 ? kLen : len;
+  for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<E>(x[k], s, m[k], c);
+}
+
+// Two neighbouring blocks of kLen in one loop: GCC vectorises a 16-element
+// block with 128-bit vectors only, a 32-element loop with the widest.
+template <Elem E, int kLen, typename scalar_t, typename C>
+inline void quantize_block_pair(const scalar_t* __restrict__ x, C s0, C s1,
+                                scalar_t* __restrict__ y, uint8_t* __restrict__ m,
+                                const Rule<C> c) {
+  for (int64_t k = 0; k < 2 * kLen; ++k) {
+    y[k] = quantize_element<E>(x[k], k < kLen ? s0 : s1, m[k], c);
+  }
+}
+
+// A run of elements, each with its own scale s[k].
+template <Elem E, typename scalar_t, typename C>
+inline void quantize_run(const scalar_t* __restrict__ x, const C* __restrict__ s,
+                         scalar_t* __restrict__ y, uint8_t* __restrict__ m, int64_t n,
+                         const Rule<C> c) {
+  for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<E>(x[k], s[k], m[k], c);
+}
+
+template <typename C>
+inline void fill(C* __restrict__ p, int64_t n, C v) {
+  for (int64_t k = 0; k < n; ++k) p[k] = v;
+}
+
+// A degenerate block: 0, NaN staying NaN; the mask marks the numbers.
+template <typename scalar_t, typename C>
+inline void zero_block(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                       uint8_t* __restrict__ m, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) {
+    const C v = static_cast<C>(x[k]);
+    const bool number = v == v;
+    y[k] = static_cast<scalar_t>(number ? C(0) : v);
+    m[k] = static_cast<uint8_t>(number);
+  }
+}
+
+template <typename C>
+struct Scratch {
+  std::vector<float> amax, scale;   // per block
+  std::vector<uint8_t> degenerate;  // per block
+  std::vector<C> element_scale;     // per element (blocks of a run-time size only)
+  std::vector<uint8_t> mask;        // per element, 0 or 1
+  Scratch(int64_t blocks, int64_t elements, bool per_element_scale)
+      : amax(blocks),
+        scale(blocks),
+        degenerate(blocks),
+        element_scale(per_element_scale ? elements : 0),
+        mask(elements) {}
+};
+
+// `rows` rows of x/y; the mask bytes go to scratch.mask. Simple loops over
+// L1-resident data, each of which vectorises: the amax of every block, the
+// scale of every block (across blocks), the elements, and the rare degenerate
+// blocks again. kBS > 0: every row is one block of kBS elements (a compile-time
+// trip count). kBS == 0: any geometry; the scales are spread over the elements
+// first, so that the elements are one run whatever the block size.
+template <typename scalar_t, Elem E, int kBS>
+FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                         int64_t rows, const Geometry& geo,
+                                         const Consts<compute_t<scalar_t>>& c,
+                                         Scratch<compute_t<scalar_t>>& sc) {
+  using C = compute_t<scalar_t>;
+  const int64_t R = geo.row_len, bs = kBS > 0 ? kBS : geo.block_size;
+  const int64_t nb = kBS > 0 ? 1 : geo.blocks_per_row, last = kBS > 0 ? kBS : geo.last_len;
+  const int64_t nblocks = rows * nb;
+  float* __restrict__ amax = sc.amax.data();
+  float* __restrict__ scale = sc.scale.data();
+  uint8_t* __restrict__ degenerate = sc.degenerate.data();
+  uint8_t* __restrict__ mask = sc.mask.data();
+
+  if constexpr (kBS > 0) {
+    for (int64_t i = 0; i < nblocks; ++i) amax[i] = block_amax<kBS>(x + i * kBS, kBS);
+  } else {
+    for (int64_t r = 0, i = 0; r < rows; ++r) {
+      const scalar_t* xr = x + r * R;
+      for (int64_t j = 0; j + 1 < nb; ++j) amax[i++] = block_amax<0>(xr + j * bs, bs);
+      amax[i++] = block_amax<0>(xr + (nb - 1) * bs, last);
+    }
+  }
+
+  // The next tile's amax pass would read x from memory in one burst, with the
+  // elements pass in between leaving the hardware prefetcher idle: ask for the
+  // next tile now, while this one computes from L1 (about 6% faster at 2^24
+  // float32; prefetches past the end of x are harmless).
+  {
+    const uintptr_t next = reinterpret_cast<uintptr_t>(x + rows * R);
+    const int64_t bytes =
+        std::min<int64_t>(rows * R * static_cast<int64_t>(sizeof(scalar_t)), 16384);
+    for (int64_t b = 0; b < bytes; b += 64) {
+      __builtin_prefetch(reinterpret_cast<const void*>(next + b), 0, 3);
+    }
+  }
+
+  const float emax = c.elem_max, g = c.g;
+  const Rule<C> rule = c.rule;
+  if (c.two_level) {
+    for (int64_t i = 0; i < nblocks; ++i) scale[i] = blockwise_scale<true>(amax[i], emax, g);
+  } else {
+    for (int64_t i = 0; i < nblocks; ++i) scale[i] = blockwise_scale<false>(amax[i], emax, 1.0f);
+  }
+  uint8_t any_degenerate = 0;
+  for (int64_t i = 0; i < nblocks; ++i) {
+    const uint8_t d = blockwise_degenerate(amax[i], scale[i], g);
+    degenerate[i] = d;
+    any_degenerate |= d;
+  }
+
+  if constexpr (kBS > 0 && kBS < 32) {
+    int64_t i = 0;
+    for (; i + 1 < nblocks; i += 2) {
+      const int64_t e = i * kBS;
+      quantize_block_pair<E, kBS>(x + e, static_cast<C>(scale[i]), static_cast<C>(scale[i + 1]),
+                                  y + e, mask + e, rule);
+    }
+    if (i < nblocks) {
+      const int64_t e = i * kBS;
+      quantize_block<E, kBS>(x + e, static_cast<C>(scale[i]), y + e, mask + e, kBS, rule);
+    }
+  } else if constexpr (kBS > 0) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+      const int64_t e = i * kBS;
+      quantize_block<E, kBS>(x + e, static_cast<C>(scale[i]), y + e, mask + e, kBS, rule);
+    }
+  } else {
+    C* __restrict__ es = sc.element_scale.data();
+    for (int64_t r = 0, i = 0; r < rows; ++r) {
+      C* er = es + r * R;
+      for (int64_t j = 0; j + 1 < nb; ++j) fill(er + j * bs, bs, static_cast<C>(scale[i++]));
+      fill(er + (nb - 1) * bs, last, static_cast<C>(scale[i++]));
+    }
+    quantize_run<E>(x, es, y, mask, rows * R, rule);
+  }
+
+  if (any_degenerate) {
+    for (int64_t r = 0, i = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < nb; ++j, ++i) {
+        if (degenerate[i]) {
+          const int64_t e = r * R + j * bs;
+          zero_block<scalar_t, C>(x + e, y + e, mask + e, j + 1 < nb ? bs : last);
+        }
+      }
+    }
+  }
+}
+
+template <typename scalar_t, Elem E, int kBS>
+void blockwise_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const Geometry& geo,
+                    const Consts<compute_t<scalar_t>>& c) {
+  const int64_t n = x.numel();
+  const int64_t R = geo.row_len;
+  const int64_t rows = n / R;
+  const int64_t tile_rows = std::min(geo.rows_per_tile, rows);
+  const int64_t ntiles = (rows + tile_rows - 1) / tile_rows;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (tile_rows * R));
+  const scalar_t* xp = x.const_data_ptr<scalar_t>();
+  scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+  uint8_t* mp = mask.mutable_data_ptr<uint8_t>();
+  at::parallel_for(0, ntiles, grain, [&](int64_t t0, int64_t t1) {
+    Scratch<compute_t<scalar_t>> sc(tile_rows * geo.blocks_per_row, tile_rows * R, kBS == 0);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = t * tile_rows, nrows = std::min(rows, r0 + tile_rows) - r0;
+      const int64_t e0 = r0 * R;  // a multiple of 8
+      blockwise_tile<scalar_t, E, kBS>(xp + e0, yp + e0, nrows, geo, c, sc);
+      pack_bits(sc.mask.data(), nrows * R, mp + e0 / 8);
+    }
+  });
+}
+
+// --- long blocks and long ragged rows: amax first, then the elements --------------
+
+template <typename scalar_t>
+FAKEQUANT_CPU_CLONES float long_block_amax(const scalar_t* __restrict__ x, int64_t len) {
+  return block_amax<0>(x, len);
+}
+
+// Elements [e0, e1) of memory, through the blocks they meet.
+template <typename scalar_t, Elem E>
+FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                           uint8_t* __restrict__ mask, int64_t e0, int64_t e1,
+                                           const Geometry& geo, const float* scale,
+                                           const uint8_t* degenerate,
+                                           const Rule<compute_t<scalar_t>> rule) {
+  using C = compute_t<scalar_t>;
+  const int64_t R = geo.row_len, bs = geo.block_size, nb = geo.blocks_per_row;
+  int64_t row = e0 / R, col = e0 - row * R, j = col / bs;
+  for (int64_t e = e0; e < e1;) {
+    const int64_t block_end = std::min(R, (j + 1) * bs);  // a column
+    const int64_t len = std::min(e1 - e, block_end - col);
+    const int64_t b = row * nb + j;
+    if (degenerate[b]) {
+      zero_block<scalar_t, C>(x + e, y + e, mask + (e - e0), len);
+    } else {
+      quantize_block<E, 0>(x + e, static_cast<C>(scale[b]), y + e, mask + (e - e0), len, rule);
+    }
+    e += len;
+    col += len;
+    if (col == block_end) {
+      ++j;
+      if (col == R) {
+        col = 0;
+        j = 0;
+        ++row;
+      }
+    }
+  }
+}
+
+template <typename scalar_t, Elem E>
+void long_blocks_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const Geometry& geo,
+                      const Consts<compute_t<scalar_t>>& c) {
+  const int64_t n = x.numel();
+  const int64_t R = geo.row_len, bs = geo.block_size, nb = geo.blocks_per_row;
+  const int64_t nblocks = n / R * nb;
+  const scalar_t* xp = x.const_data_ptr<scalar_t>();
+  scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+  uint8_t* mp = mask.mutable_data_ptr<uint8_t>();
+  std::vector<float> scale(nblocks);
+  std::vector<uint8_t> degenerate(nblocks);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / bs);
+  at::parallel_for(0, nblocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t row = b / nb, j = b - row * nb;
+      const int64_t len = j + 1 == nb ? geo.last_len : bs;
+      const float amax = long_block_amax(xp + row * R + j * bs, len);
+      const float s = c.two_level ? blockwise_scale<true>(amax, c.elem_max, c.g)
+                                  : blockwise_scale<false>(amax, c.elem_max, 1.0f);
+      scale[b] = s;
+      degenerate[b] = blockwise_degenerate(amax, s, c.g);
+    }
+  });
+  const int64_t ntiles = (n + kTile - 1) / kTile;
+  at::parallel_for(0, ntiles, kTilesPerTask, [&](int64_t t0, int64_t t1) {
+    std::vector<uint8_t> local(kTile);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t e0 = t * kTile, e1 = std::min(n, e0 + kTile);
+      long_blocks_tile<scalar_t, E>(xp, yp, local.data(), e0, e1, geo, scale.data(),
+                                    degenerate.data(), c.rule);
+      pack_bits(local.data(), e1 - e0, mp + e0 / 8);
+    }
+  });
+}
+
+// The most elements of a tile of whole rows (the scratch of a task is about
+// five bytes per element); beyond, long_blocks_loop.
+constexpr int64_t kMaxTile = int64_t{1} << 16;
+
+Geometry make_geometry(int64_t last_dim, int64_t block_size) {
+  Geometry geo;
+  if (last_dim % block_size == 0) {
+    geo.row_len = block_size;
+    geo.block_size = block_size;
+    geo.blocks_per_row = 1;
+    geo.last_len = block_size;
+  } else {
+    geo.row_len = last_dim;
+    geo.block_size = std::min(block_size, last_dim);
+    geo.blocks_per_row = (last_dim + block_size - 1) / block_size;
+    geo.last_len = last_dim - (geo.blocks_per_row - 1) * geo.block_size;
+  }
+  constexpr int64_t kTargetTile = 2048;  // elements
+  const int64_t unit = 8 / std::gcd<int64_t>(geo.row_len, 8);
+  const int64_t units = std::max<int64_t>(1, kTargetTile / (unit * geo.row_len));
+  geo.rows_per_tile = unit * units;
+  return geo;
+}
+
+std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
+    const at::Tensor& input, int64_t block_size, int64_t num_bits, bool is_unsigned,
+    bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax) {
+  const BlockwiseArgs args = check_blockwise_args(input, block_size, num_bits, is_unsigned,
+                                                  narrow_range, exponent_bits, scale_amax);
+  float g = 1.0f;
+  if (args.two_level) {
+    check_scale_amax_value(*scale_amax);
+    g = blockwise_global_scale(scale_amax->detach().to(at::kFloat).reshape({-1})[0].item<float>(),
+                               args.elem_max);
+  }
+
+  const bool keep = blockwise_keeps_layout(input);
+  at::Tensor y = keep ? at::empty_like(input) : at::empty(input.sizes(), input.options());
+  at::Tensor mask = new_mask(y, /*packed=*/true);
+  if (input.numel() == 0) return {y, mask};
+  const at::Tensor x = keep ? input : input.contiguous();
+  TORCH_INTERNAL_ASSERT(x.strides() == y.strides());
+
+  const int64_t last_dim = input.dim() == 0 ? 1 : input.size(-1);
+  const Geometry geo = make_geometry(last_dim, block_size);
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "fakequant_blockwise", [&] {
+        using C = compute_t<scalar_t>;
+        const Consts<C> c{{static_cast<C>(args.quant_min), static_cast<C>(args.quant_max),
+                           static_cast<C>(args.float_limit)},
+                          args.elem_max, g, args.two_level};
+        auto run = [&](auto elem_tag) {
+          constexpr Elem E = decltype(elem_tag)::value;
+          if (geo.rows_per_tile * geo.row_len > kMaxTile) {
+            long_blocks_loop<scalar_t, E>(x, y, mask, geo, c);
+            return;
+          }
+          // Compile-time block sizes where every row is one block.
+          switch (geo.blocks_per_row == 1 && geo.row_len == geo.block_size ? geo.block_size : 0) {
+            case 16: blockwise_loop<scalar_t, E, 16>(x, y, mask, geo, c); break;
+            case 32: blockwise_loop<scalar_t, E, 32>(x, y, mask, geo, c); break;
+            case 64: blockwise_loop<scalar_t, E, 64>(x, y, mask, geo, c); break;
+            case 128: blockwise_loop<scalar_t, E, 128>(x, y, mask, geo, c); break;
+            default: blockwise_loop<scalar_t, E, 0>(x, y, mask, geo, c); break;
+          }
+        };
+        switch (args.elem) {
+          case Elem::kInt: run(std::integral_constant<Elem, Elem::kInt>{}); break;
+          case Elem::kE2M1: run(std::integral_constant<Elem, Elem::kE2M1>{}); break;
+          case Elem::kE4M3: run(std::integral_constant<Elem, Elem::kE4M3>{}); break;
+          case Elem::kE5M2: run(std::integral_constant<Elem, Elem::kE5M2>{}); break;
+        }
+      });
+  return {y, mask};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fakequant, CPU, m) {
+  m.impl("fake_quantize_blockwise", &fake_quantize_blockwise);
+}
+
+}  // namespace cpu
+}  // namespace fakequant
