@@ -44,7 +44,8 @@ __all__ = [
 # The integer widths the operators implement.
 MIN_NUM_BITS, MAX_NUM_BITS = 2, 16
 # Floating-point (exponent, mantissa) formats a descriptor may name.
-FP_FORMATS = ((4, 3),)
+# (E, M): FP8 E4M3 and E5M2; FP4 E2M1 for block-wise quantization (NVFP4)
+FP_FORMATS = ((4, 3), (5, 2), (2, 1))
 CALIB_METHODS = ("max", "histogram")
 _BLOCK_STRING_KEYS = ("type", "scale_bits", "scale_block_sizes")
 
@@ -214,6 +215,9 @@ class ScaledQuantDescriptor:
                 f"learn_amax=True learns one amax per tensor; amax must hold one value, got shape "
                 f"{tuple(self._amax.shape)}"
             )
+        if self._num_bits == (2, 1) and (self._block_sizes is None or self._block_sizes.get("type") != "dynamic"):
+            raise ValueError("num_bits=(2, 1) (FP4 E2M1) needs dynamic block-wise scales, e.g. "
+                             "block_sizes={-1: 16, 'type': 'dynamic', 'scale_bits': (4, 3)} (NVFP4)")
         if self._block_sizes is not None:
             if self._axis is not None:
                 raise ValueError(f"block_sizes and axis cannot be combined, got axis={self._axis!r}")
@@ -435,12 +439,26 @@ def fake_affine_tensor_quant(inputs, min_range, max_range, num_bits=8):
     return ops.fake_quantize_min_max(inputs, min_range, max_range, num_bits)
 
 
+def _fp8_amax(amax, inputs, E, M):
+    # amax None: scale 1, i.e. amax is the format's largest value.
+    if amax is None:
+        if not isinstance(inputs, torch.Tensor):
+            raise TypeError(f"inputs must be a tensor, got {type(inputs).__name__}")
+        return torch.tensor(ops.fp8_max(E, M), dtype=torch.float32, device=inputs.device)
+    return _amax_like(amax, inputs)
+
+
 def scaled_e4m3(inputs, amax=None, E=4, M=3):
-    """FP8 (E4M3) fake quantization with scale ``448 / amax``: not available yet."""
-    raise NotImplementedError(
-        "scaled_e4m3 (FP8 E4M3 fake quantization, num_bits=(4, 3)) is not implemented in fakequant yet; "
-        "use integer num_bits"
-    )
+    """FP8 fake quantization of ``inputs`` with scale ``amax / 448``: the values of
+    ``x / scale`` are saturated to [-448, 448] and rounded to FP8 E4M3 (to nearest
+    even, as ``.to(torch.float8_e4m3fn)``), then multiplied back by the scale.
+
+    ``amax`` is a number or a tensor broadcastable to ``inputs``; ``None`` means
+    scale 1 (plain E4M3 rounding). ``E=5, M=2`` selects E5M2 (max 57344). Where
+    ``amax <= 2^-24`` the output is 0. The gradient passes where ``|inputs| <= amax``
+    (straight-through estimator with clipping); only a 1-bit mask is kept.
+    """
+    return ops.fake_quantize_fp8(inputs, _fp8_amax(amax, inputs, E, M), E, M)
 
 
 # --- torch.autograd.Function classes -------------------------------------------
@@ -522,14 +540,21 @@ class FakeAffineTensorQuantFunction(torch.autograd.Function):
 
 
 class ScaledE4M3Function(torch.autograd.Function):
-    """``apply``: :func:`scaled_e4m3` (not available yet)."""
+    """``apply(inputs, amax=None, E=4, M=3)``: :func:`scaled_e4m3`."""
 
     apply = staticmethod(scaled_e4m3)
 
     @staticmethod
     def forward(ctx, inputs, amax=None, E=4, M=3):
-        return scaled_e4m3(inputs, amax, E, M)
+        amax = _fp8_amax(amax, inputs, E, M)
+        ctx.save_for_backward(inputs, amax)
+        with torch.no_grad():
+            return ops.fake_quantize_fp8(inputs, amax, E, M)
 
     @staticmethod
     def backward(ctx, grad_outputs):
-        return grad_outputs, None, None, None
+        inputs, amax = ctx.saved_tensors
+        # |x| <= amax in the operator's compute type, as its own mask.
+        ct = torch.float64 if inputs.dtype == torch.float64 else torch.float32
+        keep = inputs.to(ct).abs() <= amax.to(torch.float32).to(ct)
+        return grad_outputs.masked_fill(~keep, 0), None, None, None

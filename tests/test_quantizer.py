@@ -170,7 +170,9 @@ def test_pre_quant_scale():
     assert h.dtype == torch.float16
 
 
-def test_learned_amax_clip_gradients():
+@pytest.mark.parametrize("method", ["pact", "lsq"])
+def test_learned_amax_clip_gradients(method, monkeypatch):
+    monkeypatch.setattr(TensorQuantizer, "learn_amax_method", method)
     q = TensorQuantizer(desc(num_bits=8, learn_amax=True, amax=1.0))
     assert q._if_clip and isinstance(q.clip, quant_nn.Clip)
     assert set(dict(q.named_parameters())) == {"clip.clip_value_min", "clip.clip_value_max"}
@@ -182,7 +184,17 @@ def test_learned_amax_clip_gradients():
     # PACT: the input gets the gradient strictly inside the range, each bound the sum where it clipped.
     assert torch.equal(x.grad, torch.tensor([0.0, 0.0, 3.0, 4.0, 0.0, 0.0]))
     assert q.clip.clip_value_min.grad.item() == 1.0 + 2.0
-    assert q.clip.clip_value_max.grad.item() == 5.0 + 6.0
+    lsq = 0.0
+    if method == "lsq":
+        # LSQ adds d(quantization error)/d(amax): g * sum(grad * (rint(x/s) - x/s)) / bound
+        # over the values inside the range (after the clip), g = 1 / sqrt(numel * bound).
+        xc = x.detach().double().clamp(-1, 1)
+        s = torch.tensor(1.0, dtype=torch.float32).double() / 127
+        inside = (xc / s).round().abs() <= 127
+        lsq = float((torch.arange(1.0, 7.0, dtype=torch.float64) * ((xc / s).round() - xc / s))[inside].sum())
+        lsq /= (6 * 127) ** 0.5 * 127
+        assert lsq != 0.0
+    assert q.clip.clip_value_max.grad.item() == pytest.approx(5.0 + 6.0 + lsq, rel=1e-6)
     q.disable_clip()
     assert not q.clip.clip_value_max.requires_grad
     q.enable_clip()
@@ -230,15 +242,22 @@ def test_block_quantization_static_and_dynamic():
     assert torch.equal(static(x * 0.5), reference.fake_quantize_amax(blocks * 0.5, amax, 4, False, False)[0]
                        .reshape(4, 8))
     with pytest.raises(ValueError, match="divide"):
-        dyn(torch.randn(4, 6))
+        static(torch.randn(4, 6))
+    # dynamic blocks run in one kernel pass, the last block of a row may be shorter
+    x6 = torch.randn(4, 6)
+    assert torch.equal(dyn(x6), reference.fake_quantize_blockwise(x6, 4, 4, False, False)[0])
     per_row = TensorQuantizer(desc(block_sizes={-1: None, "type": "dynamic"}))  # per-token dynamic
     assert torch.equal(per_row(x), reference.fake_quantize_amax(x, x.abs().amax(-1, keepdim=True), 8, False,
                                                                  False)[0])
 
 
-def test_fp8_quantizer_raises_clearly():
-    with pytest.raises(NotImplementedError, match="E4M3"):
-        TensorQuantizer(desc(num_bits=(4, 3), amax=1.0))(torch.randn(4))
+@pytest.mark.parametrize("fmt,dtype", [((4, 3), torch.float8_e4m3fn), ((5, 2), torch.float8_e5m2)])
+def test_fp8_quantizer(fmt, dtype):
+    q = TensorQuantizer(desc(num_bits=fmt, amax=1.0))
+    x = torch.randn(64) * 2
+    s = torch.tensor(1.0) / q.maxbound
+    assert q.maxbound == {(4, 3): 448.0, (5, 2): 57344.0}[fmt]
+    assert torch.equal(q(x), (x / s).clamp(-q.maxbound, q.maxbound).to(dtype).float() * s)
 
 
 def test_extra_repr():
@@ -333,3 +352,41 @@ def test_ops_and_quantizer_agree_on_default_range():
     assert TensorQuantizer(desc(amax=1.0))(x)[0].item() == pytest.approx(-128 / 127)
     assert ops.fake_quantize_amax(x, 1.0)[0].item() == -1.0
     assert math.isclose(TensorQuantizer(desc(amax=1.0, narrow_range=True))(x)[0].item(), -1.0)
+
+
+def test_learned_amax_lsq_learns_a_range_that_pact_cannot(monkeypatch):
+    """amax far too large for 4 bits: the quantization error's LSQ gradient pulls it in;
+    PACT (clipped values only) has nothing clipped, so amax stays put."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    final = {}
+    for method in ("pact", "lsq"):
+        monkeypatch.setattr(TensorQuantizer, "learn_amax_method", method)
+        q = TensorQuantizer(desc(num_bits=4, learn_amax=True, amax=12.0))
+        opt = torch.optim.Adam(q.parameters(), lr=0.2)
+        err0 = float(((q(x) - x).detach() ** 2).mean())
+        for _ in range(60):
+            opt.zero_grad()
+            ((q(x) - x) ** 2).mean().backward()
+            opt.step()
+        final[method] = (q.clip.clip_value_max.item(), float(((q(x) - x).detach() ** 2).mean()), err0)
+    assert final["pact"][0] == 12.0
+    amax, err, err0 = final["lsq"]
+    assert 2.0 < amax < 6.0 and err < err0 / 4, final
+
+
+def test_nvfp4_and_fp8_block_quantizers():
+    """NVFP4: E2M1 values in blocks of 16, E4M3 block scales under a per-tensor scale from
+    the calibrated amax (or the input's, while uncalibrated); FP8 blocks likewise."""
+    x = torch.randn(8, 40, generator=torch.Generator().manual_seed(1)) * 3
+    nvfp4 = TensorQuantizer(desc(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}))
+    assert nvfp4.maxbound == 6.0
+    assert torch.equal(nvfp4(x), reference.fake_quantize_blockwise(x, 16, 4, False, True, 2, x.abs().amax())[0])
+    nvfp4.amax = 5.0
+    assert torch.equal(nvfp4(x), reference.fake_quantize_blockwise(x, 16, 4, False, True, 2, torch.tensor(5.0))[0])
+    fp8 = TensorQuantizer(desc(num_bits=(4, 3), block_sizes={0: 4, "type": "dynamic"}))
+    expected = reference.fake_quantize_blockwise(x.t(), 4, 8, False, True, 4)[0].t()
+    assert torch.equal(fp8(x), expected)
+    with pytest.raises(NotImplementedError, match="scale_bits"):
+        TensorQuantizer(desc(num_bits=4, block_sizes={-1: 16, "type": "dynamic", "scale_bits": 8}))
+    with pytest.raises(ValueError, match="E2M1"):
+        desc(num_bits=(2, 1))

@@ -97,7 +97,8 @@ def test_str_and_repr():
     ({"num_bits": 17}, ValueError, "num_bits"),
     ({"num_bits": 8.0}, TypeError, "num_bits"),
     ({"num_bits": True}, TypeError, "num_bits"),
-    ({"num_bits": (5, 2)}, ValueError, "(5, 2)"),
+    ({"num_bits": (3, 4)}, ValueError, "(3, 4)"),
+    ({"num_bits": (2, 1)}, ValueError, "E2M1"),
     ({"name": 3}, TypeError, "name"),
     ({"fake_quant": 1}, TypeError, "fake_quant"),
     ({"axis": "0"}, TypeError, "axis"),
@@ -219,11 +220,13 @@ def test_negative_amax_raises():
         tensor_quant.fake_tensor_quant(torch.randn(4), torch.tensor(-1.0))
 
 
-def test_scaled_e4m3_not_available():
-    with pytest.raises(NotImplementedError, match="E4M3"):
-        tensor_quant.scaled_e4m3(torch.randn(3), torch.tensor(1.0))
-    with pytest.raises(NotImplementedError):
-        tensor_quant.ScaledE4M3Function.apply(torch.randn(3), torch.tensor(1.0), 4, 3)
+def test_scaled_e4m3_is_the_fp8_operator():
+    x = torch.randn(64) * 3
+    y = tensor_quant.scaled_e4m3(x, torch.tensor(2.0))
+    expected = (x / (torch.tensor(2.0) / 448)).clamp(-448, 448).to(torch.float8_e4m3fn).float() * (torch.tensor(2.0) / 448)
+    assert torch.equal(y, expected)
+    assert torch.equal(tensor_quant.ScaledE4M3Function.apply(x, torch.tensor(2.0), 4, 3), y)
+    assert torch.equal(tensor_quant.scaled_e4m3(x, None, 5, 2), x.to(torch.float8_e5m2).float())
 
 
 def test_fake_tensor_quant_compiles():

@@ -52,6 +52,10 @@ class TensorQuantizer(nn.Module):
     # (full integer range, torch's rounding). Not for export: fakequant's own
     # operators export exactly, and are used whenever an ONNX export runs.
     use_fb_fake_quant = False
+    # How learn_amax learns the range: "lsq" (default) adds the learned-step-size
+    # gradient of the quantization error (Esser et al., LSQ) to the clip stage's;
+    # "pact" keeps pytorch-quantization's, where amax learns from clipped values only.
+    learn_amax_method = "lsq"
     # Set by quant_modules.enable_onnx_export(): check that every quantizer is calibrated.
     _enable_onnx_export = False
 
@@ -71,11 +75,18 @@ class TensorQuantizer(nn.Module):
         self._unsigned = quant_desc.unsigned
         self._narrow_range = quant_desc.narrow_range
         block_sizes = quant_desc.block_sizes or {}
-        if block_sizes.get("scale_bits") is not None or block_sizes.get("scale_block_sizes") is not None:
-            raise NotImplementedError("block_sizes with scale_bits / scale_block_sizes (double quantization) "
-                                      "is not implemented")
         self._block_sizes = {k: v for k, v in block_sizes.items() if isinstance(k, int)} or None
         self._dynamic = quant_desc.dynamic or block_sizes.get("type") == "dynamic"
+        if block_sizes.get("scale_block_sizes") is not None:
+            raise NotImplementedError("block_sizes['scale_block_sizes'] (blocks of block scales) is not implemented")
+        self._scale_bits = block_sizes.get("scale_bits")
+        if self._scale_bits is not None:
+            if not isinstance(self._scale_bits, (tuple, list)) or tuple(self._scale_bits) != (4, 3):
+                raise NotImplementedError(f"block_sizes['scale_bits'] = {self._scale_bits!r}: only (4, 3), E4M3 "
+                                          "block scales under a per-tensor scale (as NVFP4), is implemented")
+            if not (self._dynamic and self._kernel_block() is not None):
+                raise NotImplementedError("block_sizes['scale_bits'] needs dynamic blocks along one axis "
+                                          "('type': 'dynamic', one axis with an int block size)")
 
         self._scale = None if not quant_desc.fake_quant else 1.0
         self._disabled = disabled
@@ -113,9 +124,12 @@ class TensorQuantizer(nn.Module):
 
     @property
     def maxbound(self):
-        """The largest quantized value: ``2^(num_bits - 1 + unsigned) - 1`` (448 for E4M3)."""
+        """The largest quantized value: ``2^(num_bits - 1 + unsigned) - 1`` (448 for E4M3,
+        57344 for E5M2)."""
+        if self._num_bits == (2, 1):
+            return 6.0  # FP4 E2M1
         if isinstance(self._num_bits, tuple):
-            return 448.0
+            return ops.fp8_max(*self._num_bits)
         return (1 << (self._num_bits - 1 + int(self._unsigned))) - 1
 
     @property
@@ -387,6 +401,42 @@ class TensorQuantizer(nn.Module):
         amax = amax.to(blocked.device) if amax.device != blocked.device else amax
         return amax.detach() if amax.requires_grad else amax
 
+    def _kernel_block(self):
+        """``(axis, block_size)`` when the blocks run along one axis with a fixed size, which
+        ``fake_quantize_blockwise`` computes dynamically in one pass; else None."""
+        if self._block_sizes is None or len(self._block_sizes) != 1:
+            return None
+        (axis, size), = self._block_sizes.items()
+        return None if size is None else (axis, size)
+
+    def _blockwise_dynamic(self, inputs, axis, block_size):
+        if isinstance(self._num_bits, tuple):  # (E, M) elements: 1 + E + M bits
+            e, m = self._num_bits
+            num_bits, exponent_bits = 1 + e + m, e
+        else:
+            num_bits, exponent_bits = self._num_bits, 0
+        scale_amax = None
+        if self._scale_bits is not None:
+            # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
+            amax = self._buffers.get("_amax")
+            if amax is not None and amax.numel() == 1:
+                scale_amax = amax.detach().reshape(()).to(inputs.device)
+            else:
+                scale_amax = inputs.detach().abs().amax(dim=tuple(range(inputs.dim())))
+        return ops.fake_quantize_blockwise(inputs, block_size, num_bits, self._unsigned, self._narrow_range,
+                                           exponent_bits, scale_amax, axis=axis)
+
+    def _learned_quantize(self, inputs, amax):
+        """Quantization with a learned amax: LSQ's gradient for amax (``learn_amax_method``)."""
+        if (TensorQuantizer.learn_amax_method != "lsq" or isinstance(self._num_bits, tuple)
+                or not self._fake_quant or not torch.is_grad_enabled() or torch.onnx.is_in_onnx_export()):
+            # (no gradient to compute: the amax operator, which exports with a constant scale)
+            return self._quantize(inputs, amax.detach())
+        bound = self.maxbound
+        qmin = 0 if self._unsigned else (-bound if self._narrow_range else -bound - 1)
+        scale = amax.clamp_min(2.0**-24) / bound
+        return ops.fake_quantize_lsq(inputs, scale, 0, None, qmin, bound)
+
     # -- forward ------------------------------------------------------------------------
     def _fb_fake_quant(self, inputs, amax):
         """torch's native fake quantization on the full integer range (exports to ONNX QDQ)."""
@@ -419,9 +469,12 @@ class TensorQuantizer(nn.Module):
             inputs = self.clip(inputs)
             neg_min, clip_max = -self.clip.clip_value_min, self.clip.clip_value_max
             # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
-            amax = torch.where(neg_min > clip_max, neg_min, clip_max).detach()
-            return self._quantize(inputs, amax)
+            amax = torch.where(neg_min > clip_max, neg_min, clip_max)
+            return self._learned_quantize(inputs, amax)
         if self._block_sizes is not None:
+            block = self._kernel_block()
+            if self._dynamic and block is not None and self._fake_quant:
+                return self._blockwise_dynamic(inputs, *block)
             blocked, inner = self._blocked_view(inputs)
             amax = self._block_amax(blocked, inner)
             if self._scale_amax is not None:
