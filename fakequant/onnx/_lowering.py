@@ -35,6 +35,7 @@ from . import _options
 # ONNX TensorProto data types (no import of onnx needed).
 FLOAT, UINT8, INT8, UINT16, INT16 = 1, 2, 3, 4, 5
 FLOAT16, DOUBLE, BFLOAT16, UINT4, INT4 = 10, 11, 16, 21, 22
+FLOAT8E4M3FN, FLOAT8E5M2 = 17, 19
 
 _INT_RANGES = {
     INT4: (-8, 7), UINT4: (0, 15), INT8: (-128, 127), UINT8: (0, 255),
@@ -299,6 +300,10 @@ def lower_amax(b, x, amax, num_bits, unsigned, narrow_range, integer_output=Fals
     _warn_dynamic(b, amax, x, "amax")
     kind, axis, channels = _granularity(b, x, [b.shape(amax)])
     qtype = choose_qtype(qmin, qmax, b.opset, unsigned, b.wide_int_types)
+    block = _block_layout(b, x, amax) if kind == "broadcast" else None
+    if block is not None and qtype is not None and dtype != torch.float64 and b.opset >= BLOCK_MIN_OPSET:
+        return _cast_back(b, _blocked_qdq(b, x, amax, block, bound, qmin, qmax, qtype, unsigned, integer_output),
+                          dtype, FLOAT)
     reason = _no_qdq_reason(dtype, kind, qtype, qmin, qmax, b)
     if reason is not None:
         _warn(f"{num_bits}-bit amax quantization {reason}; exported as Div/Round/Clip/Mul "
@@ -312,6 +317,39 @@ def lower_amax(b, x, amax, num_bits, unsigned, narrow_range, integer_output=Fals
     scale = _amax_scale(b, _to_float(b, _squeeze(b, amax)), bound)
     y = _qdq(b, _to_float(b, x), scale, None, axis, channels, qmin, qmax, qtype, integer_output)
     return _cast_back(b, y, dtype, FLOAT)
+
+
+def _block_layout(b, x, amax):
+    """``(axis, block_size)`` when ``amax`` is shaped like ``x`` but for one axis where it
+    has size 1: one amax per block of that whole axis (how TensorQuantizer's static
+    block-wise quantization lays out a weight), which a block-wise QuantizeLinear holds."""
+    xs, shape = b.shape(x), b.shape(amax)
+    if xs is None or shape is None or any(d is None for d in xs + shape) or len(shape) > len(xs):
+        return None
+    shape = (1,) * (len(xs) - len(shape)) + tuple(shape)
+    differing = [d for d in range(len(xs)) if shape[d] != xs[d]]
+    if len(differing) != 1 or shape[differing[0]] != 1:
+        return None
+    return differing[0], xs[differing[0]]
+
+
+def _blocked_qdq(b, x, amax, block, bound, qmin, qmax, qtype, unsigned, integer_output):
+    axis, block_size = block
+    rank = _rank(b, x, "the input")
+    if _Clip(qtype, qmin, qmax).needed and qtype not in (INT8, UINT8):
+        qtype = choose_qtype(qmin, qmax, 13, unsigned)  # clip on 8-bit integers: exact
+    a = _to_float(b, amax)
+    missing = rank - _rank(b, a, "amax")
+    if missing:
+        a = b.op("Unsqueeze", a, _axes(b, range(missing)))
+    scale = _amax_scale(b, a, bound)
+    attrs = {"axis": axis, "block_size": block_size}
+    q = b.op("QuantizeLinear", _to_float(b, x), scale, output_dtype=qtype, **attrs)
+    if _Clip(qtype, qmin, qmax).needed:
+        q = b.op("Clip", q, _int_const(b, qmin, qtype), _int_const(b, qmax, qtype))
+    if integer_output:
+        return b.op("Cast", q, to=FLOAT)
+    return b.op("DequantizeLinear", q, scale, **attrs)
 
 
 def _no_qdq_reason(dtype, kind, qtype, qmin, qmax, b):
@@ -401,4 +439,151 @@ def lower_min_max(b, x, min_range, max_range, num_bits):
     z32 = b.op("Sub", magic, b.op("Add", b.op("Div", mn, step), magic))
     zp = b.op("Cast", z32, to=qtype)
     y = _qdq(b, _to_float(b, x), step, zp, axis, channels, 0, levels, qtype, zero_point_float=z32)
+    return _cast_back(b, y, dtype, FLOAT)
+
+
+# --- FP8: fake_quantize_fp8 -------------------------------------------------------------
+
+# (exponent_bits, mantissa_bits): (ONNX type, largest finite value)
+FP8_FORMATS = {(4, 3): (FLOAT8E4M3FN, 448.0), (5, 2): (FLOAT8E5M2, 57344.0)}
+FP8_MIN_OPSET = 19
+
+
+def _fp8_format(exponent_bits, mantissa_bits):
+    try:
+        return FP8_FORMATS[(exponent_bits, mantissa_bits)]
+    except KeyError:
+        raise ValueError(f"fakequant ONNX export: FP8 with exponent_bits={exponent_bits}, "
+                         f"mantissa_bits={mantissa_bits} is neither E4M3 (4, 3) nor E5M2 (5, 2)") from None
+
+
+def _fp8_zero(b, qtype, shape):
+    # A float8 zero point: a Cast of a float32 zero, which the exporters fold into
+    # an initializer (neither builder writes float8 constants directly).
+    return b.op("Cast", b.const(torch.zeros(shape, dtype=torch.float32)), to=qtype)
+
+
+def _cast_round_fp8(b, v32, qtype):
+    """fp8(v) as float32: a saturating Cast there and back (Cast-19, ties to even)."""
+    return b.op("Cast", b.op("Cast", v32, to=qtype, saturate=1), to=FLOAT)
+
+
+def lower_fp8(b, x, amax, exponent_bits, mantissa_bits):
+    """``fake_quantize_fp8``: QuantizeLinear/DequantizeLinear with a float8 zero point
+    (opset >= 19): ``saturate(fp8(x / s)) * s`` with ``s = fp32(amax) / max``.
+
+    ONNX Runtime's float32 -> float8 conversion rounds to nearest even and saturates, as
+    the operator does (checked on every midpoint between float8 values)."""
+    dtype, compute = _compute_type(b, x)
+    qtype, fmax = _fp8_format(exponent_bits, mantissa_bits)
+    if b.opset < FP8_MIN_OPSET:
+        raise RuntimeError(f"fakequant ONNX export of FP8 quantization needs opset_version >= "
+                           f"{FP8_MIN_OPSET} (float8 QuantizeLinear), got {b.opset}")
+    _warn_dynamic(b, amax, x, "amax")
+    kind, axis, channels = _granularity(b, x, [b.shape(amax)])
+    if dtype == torch.float64 or kind == "broadcast":
+        # float64 has no QuantizeLinear, nor a broadcast scale: Div, Cast to float8
+        # and back, Mul. float64 goes through float32 first, as torch's cast does.
+        _warn(f"FP8 quantization {'of a float64 tensor' if dtype == torch.float64 else 'with a scale that varies along more than one axis'} "
+              "is exported as Div/Cast/Mul (exact in ONNX Runtime, but not a QuantizeLinear/DequantizeLinear pair)")
+        ct = torch.float64 if compute == DOUBLE else torch.float32
+        s = _to_float(b, _amax_scale(b, _to_float(b, amax), fmax), compute)
+        xs = b.op("Div", _to_float(b, x, compute), s)
+        q = _cast_round_fp8(b, _to_float(b, xs), qtype)
+        return _cast_back(b, b.op("Mul", _to_float(b, q, compute), s), dtype, compute)
+    scale = _amax_scale(b, _to_float(b, _squeeze(b, amax)), fmax)
+    zp = _fp8_zero(b, qtype, () if axis is None else (channels,))
+    axis_attr = {} if axis is None else {"axis": axis}
+    q = b.op("QuantizeLinear", _to_float(b, x), scale, zp, **axis_attr)
+    y = b.op("DequantizeLinear", q, scale, zp, **axis_attr)
+    return _cast_back(b, y, dtype, FLOAT)
+
+
+# --- block-wise dynamic: fake_quantize_blockwise --------------------------------------------
+
+BLOCK_MIN_OPSET = 21  # QuantizeLinear/DequantizeLinear with block_size
+# (num_bits, exponent_bits) of the float element formats: (ONNX type or None, largest value)
+BLOCK_FLOAT_FORMATS = {(4, 2): (None, 6.0), (8, 4): (FLOAT8E4M3FN, 448.0), (8, 5): (FLOAT8E5M2, 57344.0)}
+
+
+def _reduce_max(b, value, axes, keepdims):
+    if b.opset >= 18:
+        return b.op("ReduceMax", value, _axes(b, axes), keepdims=keepdims)
+    return b.op("ReduceMax", value, axes=list(axes), keepdims=keepdims)
+
+
+def _to_blocks(b, value, rank, length, block_size):
+    """(..., L) -> (..., nblocks, block_size), zero-padded at the end of each row."""
+    nblocks = -(-length // block_size)
+    pad = nblocks * block_size - length
+    if pad:
+        pads = [0] * (2 * rank)
+        pads[2 * rank - 1] = pad  # the end of the last axis
+        value = b.op("Pad", value, b.const(torch.tensor(pads, dtype=torch.int64)))
+    shape = [0] * (rank - 1) + [nblocks, block_size]  # 0: keep that dimension
+    return b.op("Reshape", value, b.const(torch.tensor(shape, dtype=torch.int64)))
+
+
+def _from_blocks(b, value, rank, length):
+    """The inverse of _to_blocks."""
+    value = b.op("Reshape", value, b.const(torch.tensor([0] * (rank - 1) + [-1], dtype=torch.int64)))
+    return b.op("Slice", value, b.const(torch.tensor([0])), b.const(torch.tensor([length])),
+                b.const(torch.tensor([rank - 1])))
+
+
+def _round_e2m1(b, v):
+    """v saturated to [-6, 6] and rounded to FP4 E2M1 (0, 0.5, 1, 1.5, 2, 3, 4, 6), ties to
+    even: the spacing is 0.5 below 2, 1 below 4, 2 above, and Round (ties to even) on
+    v / spacing picks the even code, as the operator does."""
+    v = b.op("Clip", v, _scalar(b, -6.0), _scalar(b, 6.0))
+    a = b.op("Abs", v)
+    step = b.op("Where", b.op("Less", a, _scalar(b, 2.0)), _scalar(b, 0.5),
+                b.op("Where", b.op("Less", a, _scalar(b, 4.0)), _scalar(b, 1.0), _scalar(b, 2.0)))
+    return b.op("Mul", b.op("Round", b.op("Div", v, step)), step)
+
+
+def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax):
+    """``fake_quantize_blockwise``: the block amax computed in the graph (Abs, Pad, Reshape,
+    ReduceMax), then a block-wise QuantizeLinear/DequantizeLinear (opset >= 21) for integer
+    and FP8 elements; FP4 E2M1, which ONNX Runtime has no QuantizeLinear for, as
+    Div/Round/Mul on the blocks. Exact in ONNX Runtime except in blocks holding NaN."""
+    dtype, compute = _compute_type(b, x)
+    shape = b.shape(x)
+    if shape is None or not shape or shape[-1] is None:
+        raise RuntimeError("fakequant ONNX export of block-wise quantization needs a known size of the last axis")
+    rank, length = len(shape), shape[-1]
+    if exponent_bits:
+        qtype, elem_max = BLOCK_FLOAT_FORMATS[(num_bits, exponent_bits)]
+    else:
+        elem_max, qmin, qmax = amax_range(num_bits, unsigned, narrow_range)
+        qtype = choose_qtype(qmin, qmax, b.opset, unsigned, b.wide_int_types)
+        if qtype is not None and _Clip(qtype, qmin, qmax).needed and qtype not in (INT8, UINT8):
+            qtype = choose_qtype(qmin, qmax, 13, unsigned)  # clip on 8-bit integers: exact
+    if qtype is not None and b.opset < BLOCK_MIN_OPSET:
+        raise RuntimeError(f"fakequant ONNX export of block-wise quantization needs opset_version >= "
+                           f"{BLOCK_MIN_OPSET} (QuantizeLinear with block_size), got {b.opset}")
+    if dtype == torch.float64:
+        raise RuntimeError("fakequant ONNX export of block-wise quantization takes float32/16 inputs, not float64")
+    _warn(f"block-wise dynamic quantization computes its scales at run time; ONNX Runtime runs it, "
+          "TensorRT needs constant (calibrated) scales for QuantizeLinear")
+    x32 = _to_float(b, x)
+    amax = _reduce_max(b, b.op("Abs", _to_blocks(b, x32, rank, length, block_size)), [rank], 0)
+    s = b.op("Div", amax, _scalar(b, float(elem_max)))
+    degenerate = b.op("LessOrEqual", amax, _scalar(b, AMAX_EPSILON))  # NaN: not degenerate
+    if scale_amax is not None:
+        g = b.op("Div", _to_float(b, _squeeze(b, scale_amax)), _scalar(b, float(elem_max) * 448.0))
+        s = b.op("Mul", _cast_round_fp8(b, b.op("Div", s, g), FLOAT8E4M3FN), g)
+        degenerate = b.op("Or", degenerate, b.op("LessOrEqual", s, _scalar(b, 0.0)))
+    s = b.op("Where", degenerate, _scalar(b, ZERO_CHANNEL_SCALE), s)  # (..., nblocks)
+    if qtype is None:  # E2M1
+        _warn("FP4 E2M1 elements are exported as Div/Round/Mul (ONNX Runtime has no float4 QuantizeLinear)")
+        s_b = b.op("Unsqueeze", s, _axes(b, [rank]))
+        xs = b.op("Div", _to_blocks(b, x32, rank, length, block_size), s_b)
+        y = _from_blocks(b, b.op("Mul", _round_e2m1(b, xs), s_b), rank, length)
+        return _cast_back(b, y, dtype, FLOAT)
+    attrs = {"axis": rank - 1, "block_size": block_size}
+    q = b.op("QuantizeLinear", x32, s, output_dtype=qtype, **attrs)
+    if not exponent_bits and _Clip(qtype, qmin, qmax).needed:
+        q = b.op("Clip", q, _int_const(b, qmin, qtype), _int_const(b, qmax, qtype))
+    y = b.op("DequantizeLinear", q, s, **attrs)
     return _cast_back(b, y, dtype, FLOAT)

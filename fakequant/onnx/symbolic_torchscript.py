@@ -127,7 +127,36 @@ def fake_quantize_min_max(g, input, min_range, max_range, num_bits):
     return y, _unused_mask(g)
 
 
+def fake_quantize_fp8(g, input, amax, exponent_bits, mantissa_bits):
+    b = _builder(g, "fake_quantize_fp8")
+    y = _lowering.lower_fp8(b, input, amax, _const_arg(exponent_bits, "i", "exponent_bits"),
+                            _const_arg(mantissa_bits, "i", "mantissa_bits"))
+    return y, _unused_mask(g)
+
+
+def fake_quantize_blockwise(g, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax):
+    from torch.onnx._internal.torchscript_exporter import symbolic_helper
+
+    b = _builder(g, "fake_quantize_blockwise")
+    y = _lowering.lower_blockwise(
+        b, input, _const_arg(block_size, "i", "block_size"), _const_arg(num_bits, "i", "num_bits"),
+        _const_arg(unsigned, "b", "unsigned"), _const_arg(narrow_range, "b", "narrow_range"),
+        _const_arg(exponent_bits, "i", "exponent_bits"),
+        None if symbolic_helper._is_none(scale_amax) else scale_amax)
+    return y, _unused_mask(g)
+
+
+def fake_quantize_lsq(g, input, scale, zero_point, axis, quant_min, quant_max, grad_factor):
+    # The forward of LSQ is fake_quantize_affine's; grad_factor only scales gradients.
+    b = _builder(g, "fake_quantize_lsq")
+    return _lowering.lower_affine(b, input, scale, zero_point, _const_arg(axis, "none_or_i", "axis"),
+                                  _const_arg(quant_min, "i", "quant_min"), _const_arg(quant_max, "i", "quant_max"))
+
+
 SYMBOLICS = {
+    "fakequant::fake_quantize_fp8": fake_quantize_fp8,
+    "fakequant::fake_quantize_blockwise": fake_quantize_blockwise,
+    "fakequant::fake_quantize_lsq": fake_quantize_lsq,
     "fakequant::fake_quantize_amax": fake_quantize_amax,
     "fakequant::quantize_amax": quantize_amax,
     "fakequant::fake_quantize_affine": fake_quantize_affine,

@@ -107,6 +107,24 @@ def fake_quantize_min_max(input, min_range, max_range, num_bits=8):
     return y, b.unused_mask()
 
 
+def fake_quantize_fp8(input, amax, exponent_bits=4, mantissa_bits=3):
+    b = _DynamoBuilder()
+    y = _lowering.lower_fp8(b, input, amax, exponent_bits, mantissa_bits)
+    return y, b.unused_mask()
+
+
+def fake_quantize_blockwise(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0,
+                            scale_amax=None):
+    b = _DynamoBuilder()
+    y = _lowering.lower_blockwise(b, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax)
+    return y, b.unused_mask()
+
+
+def fake_quantize_lsq(input, scale, zero_point, axis=None, quant_min=-128, quant_max=127, grad_factor=1.0):
+    # The forward of LSQ is fake_quantize_affine's; grad_factor only scales gradients.
+    return _lowering.lower_affine(_DynamoBuilder(), input, scale, zero_point, axis, quant_min, quant_max)
+
+
 def convert_opset(program, opset_version, optimize=True):
     """Converts an unoptimized ``ONNXProgram`` (built at opset 18) down to
     ``opset_version`` in place with ONNX's converter, and optimizes it.
@@ -172,6 +190,9 @@ def custom_translation_table():
         ops.quantize_amax.default: quantize_amax,
         ops.fake_quantize_affine.default: fake_quantize_affine,
         ops.fake_quantize_min_max.default: fake_quantize_min_max,
+        ops.fake_quantize_fp8.default: fake_quantize_fp8,
+        ops.fake_quantize_blockwise.default: fake_quantize_blockwise,
+        ops.fake_quantize_lsq.default: fake_quantize_lsq,
     }
 
 
