@@ -13,6 +13,11 @@ noise hits all of them alike:
 - ``pq-python``: pytorch-quantization's ``fake_tensor_quant`` as its CPU path
   computes it, in plain PyTorch (saves the input for backward).
 
+The FP8 row's peer ``torch`` is the plain-PyTorch float8 cast (what Model
+Optimizer computes off its CUDA extension). The block-wise rows (``fakequant.ops.fake_quantize_blockwise`` on rows of 4096:
+int8 with blocks of 32 and 128, NVFP4 = E2M1 in blocks of 16 with E4M3 block
+scales) have no peer; their target is the time of a clone (1.3x or less on CPU).
+
     python benchmarks/bench_ops.py [--numel 16777216] [--device cpu] [--json PATH] [--thp]
     python benchmarks/bench_ops.py --sizes 2^10..2^26:2 --dtype float32,bfloat16
     python benchmarks/bench_ops.py --overhead            # microseconds per call, 2^10..2^14
@@ -79,6 +84,22 @@ class _PQFakeTensorQuant(torch.autograd.Function):
     def backward(ctx, grad):
         inputs, amax = ctx.saved_tensors
         return torch.where(inputs.abs() <= amax, grad, grad.new_zeros(1)), None, None, None, None
+
+
+class _CastFp8(torch.autograd.Function):
+    # FP8 fake quantization as plain PyTorch writes it (and Model Optimizer's
+    # non-CUDA path computes it): scale, clamp, a float8 cast and back; saves the
+    # input for the backward's clipping window.
+    @staticmethod
+    def forward(ctx, inputs, amax):
+        ctx.save_for_backward(inputs, amax)
+        scale = amax / 448.0
+        return ((inputs / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(inputs.dtype) * scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs, amax = ctx.saved_tensors
+        return torch.where(inputs.abs() <= amax, grad, grad.new_zeros(1)), None
 
 
 # --- sizes ----------------------------------------------------------------------
@@ -188,7 +209,11 @@ def pages():
 # --- the cases -------------------------------------------------------------------
 
 OPS = ("affine per-tensor", "affine per-channel", "amax per-tensor", "amax per-channel",
-       "min/max affine", "quantize (integer)")
+       "min/max affine", "quantize (integer)", "fp8 e4m3 per-tensor",
+       "block-wise int8 b32", "block-wise int8 b128", "block-wise NVFP4 b16")
+# Block-wise dynamic quantization (fakequant.ops.fake_quantize_blockwise): the scales
+# come from the data, block by block, in the same pass; no peer computes it.
+BLOCKWISE_OPS = OPS[7:]
 
 
 def cases(x, ops=OPS):
@@ -205,6 +230,10 @@ def cases(x, ops=OPS):
     # pytorch-quantization keeps amax in a buffer, which model.to(dtype) casts
     # along with the weights; fakequant keeps it in float32.
     amax_pq, amax_c_pq = amax.to(x.dtype), amax_c.to(x.dtype)
+    # rows of 4096 (a weight's input dimension, say), blocks along them
+    xb = x.view(-1, 4096) if x.numel() % 4096 == 0 else x.view(1, -1)
+    blockwise = fakequant.ops.fake_quantize_blockwise
+    amax_x = x.abs().amax().float() if "block-wise NVFP4 b16" in ops else None  # NVFP4's per-tensor amax
     # On CUDA, parameters given as Python numbers would cost a host-to-device
     # copy per call; a QAT module keeps them on the device.
     if dev.type == "cuda":
@@ -250,6 +279,12 @@ def cases(x, ops=OPS):
             {"torch": lambda t: torch.fake_quantize_per_tensor_affine(t, 5.0 / 255, 102, 0, 255)},
         ),
         ("quantize (integer)", x, lambda t: fakequant.quantize_amax(t, amax)[0], {}),
+        ("fp8 e4m3 per-tensor", x, lambda t: fakequant.fake_quantize_fp8(t, amax),
+         {"torch": lambda t: _CastFp8.apply(t, amax)}),
+        ("block-wise int8 b32", xb, lambda t: blockwise(t, 32), {}),
+        ("block-wise int8 b128", xb, lambda t: blockwise(t, 128), {}),
+        # NVFP4: E2M1 elements, blocks of 16, E4M3 block scales under the tensor's amax
+        ("block-wise NVFP4 b16", xb, lambda t: blockwise(t, 16, num_bits=4, exponent_bits=2, scale_amax=amax_x), {}),
     ]
     return [c for c in table if c[0] in ops]
 

@@ -34,6 +34,10 @@ sys.path.insert(0, HERE)
 
 MAIN_OPS = ("affine per-tensor", "affine per-channel", "amax per-tensor", "amax per-channel")
 CLONE_TARGET, TORCH_TARGET, QAT_TARGET, BITS_TARGET, GPU_TARGET = 1.15, 2.0, 1.3, 1.0, 0.9
+# Block-wise dynamic quantization (its own amax per block, in the same pass): the forward
+# within 1.3x of a clone on CPU.
+BLOCKWISE_OPS = ("block-wise int8 b32", "block-wise int8 b128", "block-wise NVFP4 b16")
+BLOCKWISE_TARGET = 1.3
 HEADLINE = 1 << 24
 
 
@@ -213,6 +217,11 @@ def targets(results):
                     rows.append((f"{mode} at least {TORCH_TARGET:g}x faster than torch", f"{op}, 2^24 float32, {name}",
                                  _ratio(th["fakequant_speedup"], TORCH_TARGET), th["fakequant_speedup"] >= TORCH_TARGET,
                                  WHY.get(("torch", mode, pages), "")))
+        for op in BLOCKWISE_OPS:
+            fq = idx.get(("cpu", "float32", HEADLINE, op, "fwd", "fakequant"))
+            if fq is not None:
+                rows.append((f"block-wise dynamic fwd within {BLOCKWISE_TARGET}x of clone", f"{op}, 2^24 float32, {name}",
+                             _ratio(fq["vs_limit"], BLOCKWISE_TARGET), fq["vs_limit"] <= BLOCKWISE_TARGET))
     qat = results.get("qat_step")
     if qat:
         by = {r["config"]: r for r in qat["steps"]}
