@@ -11,7 +11,7 @@ import torch
 
 import fakequant
 import reference as ref
-from conftest import DEVICES, DTYPES
+from conftest import DEVICES, DTYPES, assert_same
 from fakequant.ops import fake_quantize_blockwise
 
 ops = torch.ops.fakequant
@@ -49,16 +49,6 @@ GEOMETRIES = [
     ((3, 10001), 100),
     ((2, 70000), 70000),
 ]
-
-
-def assert_same(actual, expected):
-    """Bit-identical values (NaN where NaN), same dtype and shape."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert torch.equal(actual.isnan(), expected.isnan())
-    ok = actual.isnan() | (actual == expected)
-    if not bool(ok.all()):
-        bad = (~ok).nonzero()[:5].tolist()
-        raise AssertionError(f"{int((~ok).sum())} elements differ, e.g. at {bad}")
 
 
 def varied_input(shape, dtype, device, seed=0):

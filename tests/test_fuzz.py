@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import fakequant
 import reference as ref
-from conftest import DEVICES
+from conftest import DEVICES, assert_same
 from fakequant import tensor_quant
 from fakequant.tensor_quant import QuantDescriptor
 from fakequant.utils import reduce_amax
@@ -136,19 +136,6 @@ def tensors(draw, dtype=None, shape=None, device=None, layouts=LAYOUTS, modes=("
         t = cast(_values(shape, gen, mode, spread))
     assert t.shape == shape
     return t.to(device)
-
-
-def assert_same(actual, expected):
-    """Bit-identical values (NaN where NaN), same dtype and shape."""
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    a, e = actual.cpu(), expected.cpu()
-    assert torch.equal(a.isnan(), e.isnan())
-    ok = a.isnan() | (a == e)
-    if not bool(ok.all()):
-        bad = (~ok).nonzero()[:3].tolist()
-        raise AssertionError(f"{int((~ok).sum())} of {a.numel()} elements differ, e.g. at {bad}: "
-                             f"{[a[tuple(i)].item() for i in bad]} vs {[e[tuple(i)].item() for i in bad]}")
 
 
 def is_dense(t):

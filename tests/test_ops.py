@@ -7,19 +7,9 @@ import torch
 
 import fakequant
 import reference as ref
-from conftest import DEVICES, DTYPES
+from conftest import DEVICES, DTYPES, assert_same
 
 ops = torch.ops.fakequant
-
-
-def assert_same(actual, expected):
-    """Bit-identical values (NaN where NaN), same dtype and shape."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert torch.equal(actual.isnan(), expected.isnan())
-    ok = actual.isnan() | (actual == expected)
-    if not bool(ok.all()):
-        bad = (~ok).nonzero()[:5].tolist()
-        raise AssertionError(f"{int((~ok).sum())} elements differ, e.g. at {bad}")
 
 
 def random_input(shape, dtype, device, spread=3.0):
