@@ -76,7 +76,7 @@ cuda-build: $(CUDA_BUILD)/.built
 .PHONY: fuzz sanitize check
 
 # The hypothesis campaign of tests/test_fuzz.py at full size: FUZZ_EXAMPLES random
-# cases per test (7 tests), every operator and public function with valid and invalid
+# cases per test (10 tests), every operator and public function with valid and invalid
 # arguments; fails below FUZZ_MIN cases in all. (`make test` runs a small sample.)
 FUZZ_EXAMPLES ?= 2000
 FUZZ_MIN ?= 10000

@@ -216,6 +216,8 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
     """
     ct = compute_dtype(x)
     shape = x.shape
+    if x.numel() == 0:
+        return x.clone(), torch.zeros(shape, dtype=torch.bool, device=x.device)
     rows = x.reshape(-1, 1) if x.dim() == 0 else x.reshape(-1, shape[-1])
     length = rows.shape[1]
     nblocks = -(-length // block_size)

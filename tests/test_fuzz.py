@@ -745,6 +745,64 @@ def test_fuzz_reduce_amax(x, axis, keepdims):
     assert_same(out, expected)
 
 
+# --- FP8, block-wise, LSQ: random tensors and parameters against the reference ----------------
+
+
+@given(x=tensors(dtype=None, modes=("normal", "grid", "special")), fmt=st.sampled_from([(4, 3), (5, 2)]),
+       amax=st.sampled_from([0.0, 2.0**-25, 1e-3, 0.7, 3.0, 500.0]), per_channel=st.booleans())
+@FUZZ
+def test_fuzz_fp8(x, fmt, amax, per_channel):
+    count("fp8", True)
+    if per_channel and x.dim() >= 1 and x.shape[0] > 0:
+        a = (torch.rand(x.shape[0], generator=torch.Generator().manual_seed(1)) * amax).reshape(
+            (-1,) + (1,) * (x.dim() - 1)).to(x.device)
+    else:
+        a = torch.tensor(amax, device=x.device)
+    y, mask = ops.fake_quantize_fp8(x, a, *fmt)
+    ey, emask = ref.fake_quantize_fp8(x, a, *fmt)
+    assert_same(y, ey)
+    check_layout(y, x)
+    assert torch.equal(fakequant.unpack_mask(mask, y), emask)
+
+
+@given(x=tensors(modes=("normal", "grid", "special")), block_size=st.sampled_from([1, 3, 16, 32, 100]),
+       elements=st.sampled_from([(8, 0, False, True), (4, 0, True, False), (8, 4, False, True), (8, 5, False, True),
+                                 (4, 2, False, True)]),
+       scale_amax=st.sampled_from([None, 0.0, 1.0, 37.5]))
+@FUZZ
+def test_fuzz_blockwise(x, block_size, elements, scale_amax):
+    count("blockwise", True)
+    num_bits, exponent_bits, unsigned, narrow = elements
+    sa = None if scale_amax is None else torch.tensor(scale_amax, device=x.device)
+    y, mask = ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa)
+    ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa)
+    assert_same(y, ey)
+    assert torch.equal(fakequant.unpack_mask(mask, y), emask)
+
+
+@given(x=tensors(modes=("normal", "grid")), data=st.data())
+@FUZZ
+def test_fuzz_lsq_forward_and_gradients(x, data):
+    """The LSQ forward is the affine op's, bit for bit; grad_input is grad where the value
+    was not clamped."""
+    count("lsq", True)
+    qmin, qmax = data.draw(st.sampled_from([(-128, 127), (0, 255), (-7, 7), (-8, 7)]))
+    axis = None
+    if x.dim() >= 1 and data.draw(st.booleans()):
+        axis = data.draw(st.integers(-x.dim(), x.dim() - 1))
+    n = 1 if axis is None else x.shape[axis]
+    scale = torch.rand(n, generator=torch.Generator().manual_seed(2)).to(x.device) * 0.1 + 1e-3
+    zp = torch.randint(qmin, qmax + 1, (n,), generator=torch.Generator().manual_seed(3),
+                       dtype=torch.int32).to(x.device)
+    y = ops.fake_quantize_lsq(x, scale, zp, axis, qmin, qmax, 1.0)
+    ey, emask = ref.fake_quantize_affine(x, scale, zp, None if axis is None else axis % x.dim(), qmin, qmax)
+    assert_same(y, ey)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).to(x.device, x.dtype)
+    gx, gs, gz = ops.fake_quantize_lsq_backward(g, x, scale, zp, axis, qmin, qmax, 1.0)
+    assert_same(gx, torch.where(emask, g, torch.zeros_like(g)))
+    assert gs.shape == scale.shape and gz.shape == zp.shape
+
+
 # --- argument checks of the Python wrappers (fakequant/ops.py) --------------------------------
 
 
