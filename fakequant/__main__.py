@@ -35,6 +35,14 @@ def _cases(device, dtype, gen):
            lambda t: ref.quantize_amax(t, a1, 8, False, False), x)
     yield ("min/max", lambda t: fakequant.fake_quantize_min_max(t, -amax[2, 0], amax[3, 0]),
            lambda t: ref.fake_quantize_min_max(t, -amax[2, 0], amax[3, 0]), x)
+    yield ("fp8 e4m3 per-channel", lambda t: fakequant.fake_quantize_fp8(t, amax),
+           lambda t: ref.fake_quantize_fp8(t, amax), xc)
+    yield ("block-wise int4 b16", lambda t: fakequant.fake_quantize_blockwise(t, 16, 4),
+           lambda t: ref.fake_quantize_blockwise(t, 16, 4), xc)
+    yield ("block-wise nvfp4", lambda t: fakequant.fake_quantize_blockwise(t, 16, 4, exponent_bits=2, scale_amax=a0),
+           lambda t: ref.fake_quantize_blockwise(t, 16, 4, False, True, 2, a0), xc)
+    yield ("lsq per-channel", lambda t: fakequant.fake_quantize_lsq(t, scale, zp, 1, 0, 255),
+           lambda t: ref.fake_quantize_affine(t, scale, zp, 1, 0, 255), xc)
 
 
 def _same(y, expected):
