@@ -73,7 +73,7 @@ $(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
 cuda-build: $(CUDA_BUILD)/.built
 
 # --- hardening: `make fuzz`, `make sanitize`, `make check` -------------------------------
-.PHONY: fuzz sanitize check
+.PHONY: fuzz sanitize check slow
 
 # The hypothesis campaign of tests/test_fuzz.py at full size: FUZZ_EXAMPLES random
 # cases per test (10 tests), every operator and public function with valid and invalid
@@ -92,6 +92,10 @@ fuzz: build
 # the source tree (build/asan), the operator tests run against it (tools/sanitize.sh).
 sanitize: build
 	PY=$(PY) MAX_JOBS=$(MAX_JOBS) tools/sanitize.sh
+
+# Only the slow tests (torch.compile with inductor), which the suite skips.
+slow: build
+	FAKEQUANT_SLOW_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_compile_export.py -k inductor
 
 # Everything that fits in CI: the test suite with the slow tests (inductor),
 # the full fuzz campaign and the sanitizer run.
