@@ -64,7 +64,8 @@ TORCH_LIBRARY(fakequant, m) {
   // (E2M1: num_bits=4, exponent_bits=2; E4M3: 8, 4; E5M2: 8, 5). With scale_amax
   // (one element) the block scales are themselves quantized to E4M3 against the
   // per-tensor scale scale_amax / (max_element * 448) (NVFP4's two-level scales).
-  // The mask (packed) marks elements with |x / scale| <= the element maximum.
+  // The mask (packed) marks elements that rounding did not saturate: rint(x / scale)
+  // in the integer range, or |x / scale| <= max + half the top step for floats.
   m.def(
       "fake_quantize_blockwise(Tensor input, int block_size, int num_bits=8, "
       "bool unsigned=False, bool narrow_range=True, int exponent_bits=0, "

@@ -503,8 +503,11 @@ def fake_quantize_blockwise(
     a zero scale) give 0. A block holding NaN gives NaN; one holding +-inf has
     an infinite one-level scale, which makes its outputs NaN.
 
-    The gradient passes where ``|x / scale| <= elem_max`` (the straight-through
-    estimator with clipping). Other axes than the last are moved last (a copy
+    The gradient passes where rounding did not saturate (the straight-through
+    estimator with clipping): ``rint(x / scale)`` inside the integer range, or
+    ``|x / scale|`` at most the float format's max plus half its top step. (So a
+    block's own maximum always keeps its gradient, even where ``amax / scale``
+    rounds just above the bound in float32.) Other axes than the last are moved last (a copy
     when that makes the rows strided) and back.
     """
     input = _check_tensor(input, "input")
