@@ -169,37 +169,16 @@ struct MinMaxFamily {
 template <typename C>
 struct AmaxFamily {
   ParamPtr amax;
-  int64_t bound, quant_min;
+  float bound, quant_min;  // integers (exact in float), or +-max of an FP8 format
 
   __device__ Consts<C> make(int64_t i) const {
     const float a = amax.as_float(i);
     if (!(a >= 0.0f && isfinite(a))) return invalid_consts<C>();  // valid_amax
     const bool zero = a <= kAmaxEpsilon;  // quantizes everything to 0
     Consts<C> c{};
-    c.scale = zero ? C(1) : static_cast<C>(__fdiv_rn(a, static_cast<float>(bound)));
+    c.scale = zero ? C(1) : static_cast<C>(__fdiv_rn(a, bound));
     c.lo = zero ? C(0) : static_cast<C>(quant_min);
     c.hi = zero ? C(0) : static_cast<C>(bound);
-    c.zero_point = C(0);
-    c.window_lo = -static_cast<C>(a);
-    c.window_hi = static_cast<C>(a);
-    return c;
-  }
-};
-
-// FP8: scale = amax / max of the format; lo/hi bound x / scale.
-template <typename C>
-struct Fp8Family {
-  ParamPtr amax;
-  float max;  // 448 (E4M3) or 57344 (E5M2)
-
-  __device__ Consts<C> make(int64_t i) const {
-    const float a = amax.as_float(i);
-    if (!(a >= 0.0f && isfinite(a))) return invalid_consts<C>();  // valid_amax
-    const bool zero = a <= kAmaxEpsilon;  // quantizes everything to 0
-    Consts<C> c{};
-    c.scale = zero ? C(1) : static_cast<C>(__fdiv_rn(a, max));
-    c.lo = zero ? C(0) : -static_cast<C>(max);
-    c.hi = zero ? C(0) : static_cast<C>(max);
     c.zero_point = C(0);
     c.window_lo = -static_cast<C>(a);
     c.window_hi = static_cast<C>(a);
