@@ -339,12 +339,7 @@ class TensorQuantizer(nn.Module):
         amax = self._buffers.get("_amax")
         if amax is None or self._dynamic:
             if self._axis is None:
-                if torch.onnx.is_in_onnx_export():
-                    # (the dynamo exporter cannot translate the aminmax reduce_amax uses,
-                    # nor an amax without dims)
-                    amax = inputs.detach().abs().amax(dim=tuple(range(inputs.dim())))
-                else:
-                    amax = reduce_amax(inputs, axis=None)
+                amax = self._tensor_amax(inputs)
             else:
                 kept = self._kept_axes(inputs.dim())
                 reduce_dims = tuple(d for d in range(inputs.dim()) if d not in kept)
@@ -362,6 +357,15 @@ class TensorQuantizer(nn.Module):
         if self._scale_amax is not None:
             amax = amax * self._scale_amax
         return amax
+
+    @staticmethod
+    def _tensor_amax(inputs):
+        """max |inputs| over the whole tensor, 0-dimensional (one pass, no |x| temporary)."""
+        if torch.onnx.is_in_onnx_export():
+            # (the dynamo exporter cannot translate the aminmax reduce_amax uses,
+            # nor an amax without dims)
+            return inputs.detach().abs().amax(dim=tuple(range(inputs.dim())))
+        return reduce_amax(inputs, axis=None)
 
     def _broadcastable(self, amax, inputs):
         # A per-channel amax stored flat (shape (C,)) is laid along the quantizer's axis.
@@ -422,7 +426,7 @@ class TensorQuantizer(nn.Module):
             if amax is not None and amax.numel() == 1:
                 scale_amax = amax.detach().reshape(()).to(inputs.device)
             else:
-                scale_amax = inputs.detach().abs().amax(dim=tuple(range(inputs.dim())))
+                scale_amax = self._tensor_amax(inputs)
         return ops.fake_quantize_blockwise(inputs, block_size, num_bits, self._unsigned, self._narrow_range,
                                            exponent_bits, scale_amax, axis=axis)
 

@@ -567,7 +567,8 @@ def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent
     _warn(f"block-wise dynamic quantization computes its scales at run time; ONNX Runtime runs it, "
           "TensorRT needs constant (calibrated) scales for QuantizeLinear")
     x32 = _to_float(b, x)
-    amax = _reduce_max(b, b.op("Abs", _to_blocks(b, x32, rank, length, block_size)), [rank], 0)
+    blocks = _to_blocks(b, x32, rank, length, block_size)
+    amax = _reduce_max(b, b.op("Abs", blocks), [rank], 0)
     s = b.op("Div", amax, _scalar(b, float(elem_max)))
     degenerate = b.op("LessOrEqual", amax, _scalar(b, AMAX_EPSILON))  # NaN: not degenerate
     if scale_amax is not None:
@@ -578,7 +579,7 @@ def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent
     if qtype is None:  # E2M1
         _warn("FP4 E2M1 elements are exported as Div/Round/Mul (ONNX Runtime has no float4 QuantizeLinear)")
         s_b = b.op("Unsqueeze", s, _axes(b, [rank]))
-        xs = b.op("Div", _to_blocks(b, x32, rank, length, block_size), s_b)
+        xs = b.op("Div", blocks, s_b)
         y = _from_blocks(b, b.op("Mul", _round_e2m1(b, xs), s_b), rank, length)
         return _cast_back(b, y, dtype, FLOAT)
     attrs = {"axis": rank - 1, "block_size": block_size}
