@@ -22,9 +22,14 @@ inline void check_float_param(const at::Tensor& t, const char* name, const at::T
                     " but input is on ", input.device(), "; both must be on the same device");
 }
 
+// The integer widths every integer op accepts.
+constexpr int64_t kMinNumBits = 2;
+constexpr int64_t kMaxNumBits = 16;
+
 inline void check_num_bits(int64_t num_bits) {
-  TORCH_CHECK_VALUE(num_bits >= 2 && num_bits <= 16,
-                    "fakequant: num_bits must be in [2, 16], got ", num_bits);
+  TORCH_CHECK_VALUE(num_bits >= kMinNumBits && num_bits <= kMaxNumBits,
+                    "fakequant: num_bits must be in [", kMinNumBits, ", ", kMaxNumBits, "], got ",
+                    num_bits);
 }
 
 inline void check_quant_range(int64_t quant_min, int64_t quant_max) {

@@ -1,16 +1,7 @@
 // Every fakequant operator schema lives here; kernels register per backend in
-// csrc/cpu and csrc/cuda. The numerics contract is in shared/DESIGN.md.
-#include <Python.h>
+// csrc/cpu and csrc/cuda; the Python module itself is csrc/python_module.cpp.
+// The numerics contract is in shared/DESIGN.md.
 #include <torch/library.h>
-
-extern "C" {
-// `import fakequant._C` only has to load this library so that the
-// TORCH_LIBRARY blocks below run; the module itself is empty.
-PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
-}
 
 TORCH_LIBRARY(fakequant, m) {
   // y = (clamp(rint(x / scale) + zp, quant_min, quant_max) - zp) * scale.
