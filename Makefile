@@ -9,7 +9,8 @@ MAX_JOBS ?= 2
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 DEPS := $(VENV)/.deps-$(subst =,-,$(subst $() ,_,$(TORCH)))
-SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h csrc/*.cpp csrc/cpu/*.h csrc/cpu/*.cpp csrc/cuda/*.cu csrc/cuda/*.cuh)
+SOURCES := setup.py pyproject.toml fakequant/_version.py \
+	$(shell find csrc -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \))
 
 .PHONY: build test demo bench clean
 
@@ -40,7 +41,7 @@ bench: build
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build *.egg-info fakequant/_C*.so fakequant/_build_info.py $(VENV)
+	rm -rf build *.egg-info fakequant/_C*.so fakequant/_build*.so $(VENV)
 
 # `make cuda-build` compiles and links the CUDA kernels, no GPU needed, so that
 # a CUDA compile or link error fails CI: its own virtualenv with the CUDA build
@@ -64,7 +65,7 @@ $(CUDA_DEPS):
 	touch $@
 
 $(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
-	FAKEQUANT_WRITE_BUILD_INFO=0 FORCE_CUDA=1 CUDA_HOME="$(CUDA_HOME)" \
+	FORCE_CUDA=1 CUDA_HOME="$(CUDA_HOME)" \
 	TORCH_CUDA_ARCH_LIST="$(CUDA_ARCH_LIST)" MAX_JOBS=$(MAX_JOBS) \
 	$(CUDA_PY) setup.py -q build_ext --build-lib $(CUDA_BUILD)/lib --build-temp $(CUDA_BUILD)/temp
 	$(CUDA_PY) .ci/check_cuda_build.py $(CUDA_BUILD)/lib
@@ -73,7 +74,7 @@ $(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
 cuda-build: $(CUDA_BUILD)/.built
 
 # --- hardening: `make fuzz`, `make sanitize`, `make check` -------------------------------
-.PHONY: fuzz sanitize check slow
+.PHONY: fuzz sanitize check slow two-envs
 
 # The hypothesis campaign of tests/test_fuzz.py at full size: FUZZ_EXAMPLES random
 # cases per test (10 tests), every operator and public function with valid and invalid
@@ -103,3 +104,11 @@ check: build
 	FAKEQUANT_SLOW_TESTS=1 $(PY) -m pytest -q tests
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory sanitize
+
+# One checkout built into two environments: make build's (torch 2.13.0, editable) and a
+# second virtualenv with another torch (CPU-only, non-editable); both import and run an
+# operator, and the mismatched combination gets a clear ImportError (tools/two_envs.sh).
+ENV2 ?= .venv-torch2141
+TORCH2 ?= torch==2.14.1
+two-envs: build
+	PY=$(PY) ENV2=$(ENV2) TORCH2="$(TORCH2)" MAX_JOBS=$(MAX_JOBS) tools/two_envs.sh

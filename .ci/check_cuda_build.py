@@ -1,11 +1,13 @@
 """Checks the library that `make cuda-build` built out of the tree: it loads
 into the CUDA build of torch (so it links), every operator has a CPU and a CUDA
-kernel, and the CPU kernels of this build compute the contract. With a GPU
+kernel, the CPU kernels of this build compute the contract, and fakequant._build
+says what the library was built for (this torch, its CUDA, the architectures). With a GPU
 present, the CUDA kernels are also compared with the CPU kernels.
 
     python .ci/check_cuda_build.py build/cuda/lib
 """
 import glob
+import importlib.util
 import sys
 
 import torch
@@ -20,6 +22,16 @@ def main(lib_dir):
         sys.exit(f"check_cuda_build: expected one fakequant/_C*.so under {lib_dir}, found {libs}")
     if not torch.version.cuda:
         sys.exit(f"check_cuda_build: torch {torch.__version__} has no CUDA")
+    infos = glob.glob(f"{lib_dir}/fakequant/_build*.so")
+    if len(infos) != 1:
+        sys.exit(f"check_cuda_build: expected one fakequant/_build*.so under {lib_dir}, found {infos}")
+    spec = importlib.util.spec_from_file_location("fakequant._build", infos[0])
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    if (build.TORCH_VERSION, build.CUDA_VERSION) != (torch.__version__, torch.version.cuda) or not build.CUDA_ARCH_LIST:
+        sys.exit(f"check_cuda_build: fakequant._build says torch {build.TORCH_VERSION}, CUDA {build.CUDA_VERSION}, "
+                 f"architectures {build.CUDA_ARCH_LIST}; this is torch {torch.__version__}, CUDA {torch.version.cuda}")
+
     torch.ops.load_library(libs[0])  # fails on an unresolved symbol
     missing = [
         f"{op} ({key})"
@@ -38,7 +50,7 @@ def main(lib_dir):
     if not (torch.equal(y[:-1], expected[:-1]) and bool(y[-1].isnan()) and mask.tolist() == [0b0011111]):
         sys.exit(f"check_cuda_build: CPU kernel gave {y.tolist()}, mask {mask.tolist()}")
 
-    checked = "kernels registered, CPU kernels correct"
+    checked = f"built for architectures {build.CUDA_ARCH_LIST}, kernels registered, CPU kernels correct"
     if torch.cuda.is_available():
         xc = torch.randn(1000, 37) * 3
         for args in ((torch.tensor(2.5),), (torch.rand(1000, 1) + 0.5,)):

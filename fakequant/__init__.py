@@ -5,7 +5,7 @@ pytorch-quantization-shaped API in :mod:`fakequant.tensor_quant`,
 :mod:`fakequant.nn` (``from fakequant import nn as quant_nn``),
 :mod:`fakequant.calib` and :mod:`fakequant.quant_modules`.
 """
-__version__ = "0.1.0"
+from ._version import __version__
 
 from ._extension import BUILT_FOR_CUDA, BUILT_FOR_TORCH, CUDA_ARCH_LIST
 from .ops import (

@@ -70,10 +70,10 @@ def self_check(devices):
 def info():
     print(f"fakequant {fakequant.__version__}")
     print(f"  python {platform.python_version()} on {platform.machine()}")
+    # (the build information is compiled into fakequant._build; see fakequant/_extension.py)
     print(f"  torch {torch.__version__} (built for {fakequant.BUILT_FOR_TORCH})")
     if fakequant.BUILT_FOR_CUDA:
-        archs = fakequant.CUDA_ARCH_LIST or "torch's default list"
-        print(f"  build: CPU and CUDA {fakequant.BUILT_FOR_CUDA}, architectures {archs}")
+        print(f"  build: CPU and CUDA {fakequant.BUILT_FOR_CUDA}, architectures {fakequant.CUDA_ARCH_LIST}")
     else:
         print("  build: CPU only")
     capability = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "?"

@@ -1,28 +1,46 @@
-"""Loads the compiled operator library, refusing one built for another torch."""
+"""Loads the compiled operator library, refusing one built for another torch.
+
+What fakequant._C was built for is compiled into fakequant._build, a small
+extension that uses Python's C API only and links no torch library. It is read
+before _C is loaded: _C links against the torch it was built with, and loaded
+into another one it may fail on an unresolved symbol, or load and misbehave.
+"""
 import torch
 
+from ._version import __version__
+
+_REBUILD = "`pip install --no-build-isolation --force-reinstall --no-deps .` (or `make build`)"
+
 try:
-    from . import _build_info
-except ImportError as e:  # pragma: no cover - only without a build
+    from . import _build
+except ImportError as e:  # only without a build
     raise ImportError(
-        "fakequant's C++ extension is not built; run `pip install --no-build-isolation -e .` "
-        "(or `make build`) first"
+        f"fakequant's C++ extension is not built (fakequant._build is missing: {e}); run "
+        "`pip install --no-build-isolation -e .` (or `make build`) first"
     ) from e
 
 
-def _check_versions():
-    built, running = _build_info.TORCH_VERSION, torch.__version__
-    if built != running:
+def check_build(build=None, torch_version=None, version=__version__):
+    """Raises ImportError, naming both sides, unless `build` (fakequant._build)
+    was built for this torch (`torch_version`, its full version string with the
+    local label, as +cpu or +cu128) and from this fakequant (`version`)."""
+    build = _build if build is None else build
+    running = torch.__version__ if torch_version is None else torch_version
+    if build.TORCH_VERSION != running:
         raise ImportError(
-            f"fakequant was built for torch {built} (CUDA {_build_info.CUDA_VERSION}) but torch "
-            f"{running} (CUDA {torch.version.cuda}) is installed; rebuild it with "
-            "`pip install --no-build-isolation --force-reinstall --no-deps .`"
+            f"fakequant was built for torch {build.TORCH_VERSION} (CUDA {build.CUDA_VERSION}) but torch "
+            f"{running} (CUDA {torch.version.cuda}) is installed; rebuild it with {_REBUILD}"
+        )
+    if build.VERSION != version:
+        raise ImportError(
+            f"fakequant's Python package is version {version} but its compiled library was built from version "
+            f"{build.VERSION}; rebuild it with {_REBUILD}"
         )
 
 
-_check_versions()
+check_build()
 from . import _C  # noqa: E402,F401  (registers torch.ops.fakequant)
 
-BUILT_FOR_TORCH = _build_info.TORCH_VERSION
-BUILT_FOR_CUDA = _build_info.CUDA_VERSION
-CUDA_ARCH_LIST = _build_info.CUDA_ARCH_LIST
+BUILT_FOR_TORCH = _build.TORCH_VERSION
+BUILT_FOR_CUDA = _build.CUDA_VERSION
+CUDA_ARCH_LIST = _build.CUDA_ARCH_LIST

@@ -137,11 +137,11 @@ def test_torch_compile_fullgraph(device):
 
 
 def test_version_mismatch_names_both_versions(monkeypatch):
-    from fakequant import _build_info, _extension
+    from fakequant import _build, _extension
 
-    monkeypatch.setattr(_build_info, "TORCH_VERSION", "1.0.0+fake")
+    monkeypatch.setattr(_build, "TORCH_VERSION", "1.0.0+fake")
     with pytest.raises(ImportError, match=r"1\.0\.0\+fake.*" + torch.__version__.replace("+", r"\+")):
-        _extension._check_versions()
+        _extension.check_build()
 
 
 def test_build_info():

@@ -19,18 +19,18 @@ CC=${CC:-gcc}
 SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
 
 # distutils appends CFLAGS to every compile and LDFLAGS to the link (setup.py's own
-# -O3 etc. stay); FAKEQUANT_WRITE_BUILD_INFO=0 leaves the in-tree build alone.
-FAKEQUANT_CPU_ONLY=1 FAKEQUANT_WRITE_BUILD_INFO=0 MAX_JOBS=$MAX_JOBS \
+# -O3 etc. stay).
+FAKEQUANT_CPU_ONLY=1 MAX_JOBS=$MAX_JOBS \
 CFLAGS="$SAN" LDFLAGS="-fsanitize=address,undefined,float-cast-overflow" \
     "$PY" setup.py -q build_ext --build-lib "$OUT/lib" --build-temp "$OUT/temp"
 
-# A copy of the package with the sanitized library in place of the in-tree one.
+# A copy of the package with the sanitized libraries in place of the in-tree ones.
 rm -rf "$OUT/pkg"
 mkdir -p "$OUT/pkg"
 cp -r fakequant "$OUT/pkg/"
 find "$OUT/pkg" -name '__pycache__' -prune -exec rm -rf {} +
-rm -f "$OUT"/pkg/fakequant/_C*.so
-cp "$OUT"/lib/fakequant/_C*.so "$OUT/pkg/fakequant/"
+rm -f "$OUT"/pkg/fakequant/_C*.so "$OUT"/pkg/fakequant/_build*.so
+cp "$OUT"/lib/fakequant/_C*.so "$OUT"/lib/fakequant/_build*.so "$OUT/pkg/fakequant/"
 
 ASAN_LIB=$("$CC" -print-file-name=libasan.so)
 UBSAN_LIB=$("$CC" -print-file-name=libubsan.so)
