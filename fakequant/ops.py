@@ -177,11 +177,18 @@ for _name in ("fake_quantize_affine", "fake_quantize_amax", "quantize_amax", "fa
 
 
 def _save_mask_of_backward(ctx, inputs, output):
-    ctx.save_for_backward(inputs[1])
+    grad, mask = inputs
+    ctx.save_for_backward(mask)
+    # A packed mask follows the memory order of the gradient it was applied to
+    # (the forward output's, see _backward_through_mask): the incoming gradient
+    # of the double backward is laid out the same way before the mask applies.
+    ctx.grad_stride = grad.stride()
 
 
 def _backward_of_mask_backward(ctx, grad):
     (mask,) = ctx.saved_tensors
+    if mask.dtype == torch.uint8:
+        grad = _with_output_strides(grad, ctx.grad_stride)
     return _ops.mask_backward(grad, mask), None
 
 
