@@ -1,6 +1,8 @@
 """Base class of the calibrators."""
 import numbers
 
+from .._core import check_bool, check_num_bits, normalize_axis
+
 __all__ = ["_Calibrator"]
 
 
@@ -30,13 +32,9 @@ class _Calibrator:
     """
 
     def __init__(self, num_bits=8, axis=None, unsigned=False):
-        from ..tensor_quant import _normalize_axis, check_num_bits
-
         self._num_bits = check_num_bits(num_bits)
-        self._axis = _normalize_axis(axis)
-        if not isinstance(unsigned, bool):
-            raise TypeError(f"unsigned must be a bool, got {unsigned!r}")
-        self._unsigned = unsigned
+        self._axis = normalize_axis(axis)
+        self._unsigned = check_bool(unsigned, "unsigned")
 
     @property
     def axis(self):

@@ -33,13 +33,19 @@ class MaxCalibrator(_Calibrator):
         """The amax of each collected tensor (CPU tensors), if ``track_amax``."""
         return self._amaxs
 
-    def collect(self, x):
-        """Updates the running amax with tensor ``x``."""
+    def collect(self, x, kept_axes=None):
+        """Updates the running amax with tensor ``x``.
+
+        Args:
+            kept_axes: the axes of ``x`` that keep their own amax, for this tensor
+                (a block quantizer's view of its input has one per block); default:
+                the calibrator's ``axis``.
+        """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MaxCalibrator.collect expects a tensor, got {type(x).__name__}")
         with torch.no_grad():
             x = x.detach()
-            kept = normalize_kept_axes(self._axis, x.dim())
+            kept = normalize_kept_axes(self._axis if kept_axes is None else kept_axes, x.dim())
             reduce_dims = [d for d in range(x.dim()) if d not in kept]
             if not reduce_dims:
                 local = x.abs()
