@@ -7,6 +7,7 @@ from torch import nn
 from .. import _core, ops
 from ..calib import HistogramCalibrator, MaxCalibrator, reduce_amax
 from ..tensor_quant import QuantDescriptor, scaled_e4m3, tensor_quant
+from . import _schemes
 from .clip import Clip
 
 __all__ = ["TensorQuantizer"]
@@ -109,6 +110,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
                 raise NotImplementedError("block_sizes['scale_bits'] needs dynamic blocks along one axis "
                                           "('type': 'dynamic', one axis with an int block size)")
 
+        self._configure()
         self._scale = None if not quant_desc.fake_quant else 1.0
         self._disabled = disabled
         self._if_quant = if_quant
@@ -141,6 +143,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     @num_bits.setter
     def num_bits(self, value):
         self._num_bits = _core.check_num_bits(value)
+        self._configure()
         if self._calibrator is not None:
             self._calibrator._num_bits = self._num_bits
 
@@ -431,75 +434,23 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         (axis, size), = self._block_sizes.items()
         return None if size is None else (axis, size)
 
-    def _blockwise_dynamic(self, inputs, axis, block_size):
-        if isinstance(self._num_bits, tuple):  # (E, M) elements: 1 + E + M bits
-            e, m = self._num_bits
-            num_bits, exponent_bits = 1 + e + m, e
-        else:
-            num_bits, exponent_bits = self._num_bits, 0
-        scale_amax = None
-        if self._scale_bits is not None:
-            # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
-            amax = self._buffers.get("_amax")
-            if amax is not None and amax.numel() == 1:
-                scale_amax = amax.detach().reshape(()).to(inputs.device)
-            else:
-                scale_amax = self._tensor_amax(inputs)
-        return ops.fake_quantize_blockwise(inputs, block_size, num_bits, self._unsigned, self._narrow_range,
-                                           exponent_bits, scale_amax, axis=axis)
-
-    def _learned_quantize(self, inputs, amax):
-        """Quantization with a learned amax: LSQ's gradient for amax (``learn_amax_method``)."""
-        if (TensorQuantizer.learn_amax_method != "lsq" or isinstance(self._num_bits, tuple)
-                or not self._fake_quant or not torch.is_grad_enabled() or torch.onnx.is_in_onnx_export()):
-            # (no gradient to compute: the amax operator, which exports with a constant scale)
-            return self._quantize(inputs, amax.detach())
-        qmin, qmax = _core.amax_range(self._num_bits, self._unsigned, self._narrow_range)
-        scale = amax.clamp_min(_core.AMAX_EPSILON) / qmax
-        return ops.fake_quantize_lsq(inputs, scale, 0, None, qmin, qmax)
-
     # -- forward ------------------------------------------------------------------------
-    def _fb_fake_quant(self, inputs, amax):
-        """torch's native fake quantization on the full integer range (exports to ONNX QDQ)."""
-        qmin, bound = _core.amax_range(self._num_bits, self._unsigned, narrow_range=False)
-        if amax.numel() == 1:
-            scale = max(float(amax), _core.AMAX_EPSILON) / bound
-            return torch.fake_quantize_per_tensor_affine(inputs, scale, 0, qmin, bound)
-        flat = amax.detach().squeeze()
-        if flat.dim() != 1:
-            raise ValueError(f"torch's per-channel fake quantization takes one axis; amax has shape {tuple(amax.shape)}")
-        axis = list(amax.shape).index(flat.numel())
-        scale = (flat.float().clamp(min=_core.AMAX_EPSILON) / bound).to(inputs.device)
-        zero_point = torch.zeros_like(scale, dtype=torch.int32)
-        return torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, axis, qmin, bound)
+    def _configure(self):
+        """Chooses the numeric path and value rule (nn/_schemes.py) of this configuration."""
+        self._values = _schemes.choose_values(self._num_bits, self._fake_quant)
+        self._path = _schemes.choose_path(self)
 
     def _quantize(self, inputs, amax):
-        if isinstance(self._num_bits, tuple):
-            return scaled_e4m3(inputs, amax, *self._num_bits)
-        if not self._fake_quant:
-            outputs, self._scale = tensor_quant(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
-            return outputs
-        if TensorQuantizer._use_fb_fake_quant and not (self._export_mode() or torch.onnx.is_in_onnx_export()):
-            return self._fb_fake_quant(inputs, amax)
-        return ops.fake_quantize_amax(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
+        """``inputs`` quantized with ``amax`` by the value rule (torch's own operators
+        with ``TensorQuantizer.use_fb_fake_quant``, except while exporting)."""
+        values = self._values
+        if (values is _schemes.FAKE_INTEGER and TensorQuantizer._use_fb_fake_quant
+                and not (self._export_mode() or torch.onnx.is_in_onnx_export())):
+            values = _schemes.TORCH_NATIVE
+        return values(self, inputs, amax)
 
     def _quant_forward(self, inputs):
-        if self._learn_amax:
-            inputs = self.clip(inputs)
-            neg_min, clip_max = -self.clip.clip_value_min, self.clip.clip_value_max
-            # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
-            amax = torch.where(neg_min > clip_max, neg_min, clip_max)
-            return self._learned_quantize(inputs, amax)
-        if self._block_sizes is not None:
-            block = self._kernel_block()
-            if self._dynamic and block is not None and self._fake_quant:
-                return self._blockwise_dynamic(inputs, *block)
-            blocked, inner = self._blocked_view(inputs)
-            amax = self._block_amax(blocked, inner)
-            if self._scale_amax is not None:
-                amax = amax * self._scale_amax
-            return self._quantize(blocked, amax).reshape(inputs.shape)
-        return self._quantize(inputs, self._get_amax(inputs))
+        return self._path(self, inputs)
 
     def _collect(self, inputs):
         if self._calibrator is None:
@@ -585,6 +536,18 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         if amax is not None and moved is not None and moved.dtype != amax.dtype and amax.dtype == torch.float32:
             self._buffers["_amax"] = amax.to(moved.device)
         return out
+
+    def __getstate__(self):
+        # The schemes are chosen again on loading: a pickled quantizer holds module and
+        # calibrator state only (loadable with weights_only once those classes are trusted).
+        state = dict(super().__getstate__())
+        state.pop("_values", None)
+        state.pop("_path", None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._configure()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
