@@ -8,6 +8,8 @@ import dataclasses
 import threading
 import warnings
 
+from .validation import check_bool
+
 __all__ = ["ExportOptions", "export_options", "current_export_options", "enable_onnx_export",
            "onnx_export_enabled", "set_onnx_export_enabled", "translations_supplied",
            "TranslationWarning", "warn_if_translations_missing"]
@@ -50,8 +52,7 @@ def export_options(**changes):
     if unknown:
         raise TypeError(f"unknown fakequant ONNX export option(s) {unknown}; the options are {sorted(fields)}")
     for name, value in changes.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {value!r}")
+        check_bool(value, name)
     saved = _state.options
     _state.options = dataclasses.replace(current_export_options(), **changes)
     try:
@@ -68,9 +69,7 @@ def onnx_export_enabled() -> bool:
 def set_onnx_export_enabled(value: bool) -> None:
     """Turns the export mode of this thread on or off (what :func:`enable_onnx_export`
     does around its body)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"the ONNX export switch must be a bool, got {value!r}")
-    _state.onnx_export = value
+    _state.onnx_export = check_bool(value, "the ONNX export switch")
 
 
 def translations_supplied() -> bool:

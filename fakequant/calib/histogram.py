@@ -79,9 +79,7 @@ class HistogramCalibrator(_Calibrator):
         if grow_method is not None:
             warnings.warn(f"HistogramCalibrator: grow_method is deprecated and ignored, got {grow_method!r}",
                           DeprecationWarning, stacklevel=2)
-        if not isinstance(skip_zeros, bool):
-            raise TypeError(f"skip_zeros must be a bool, got {skip_zeros!r}")
-        self._skip_zeros = skip_zeros
+        self._skip_zeros = _core.check_bool(skip_zeros, "skip_zeros")
         self._torch_hist = torch_hist
         self.reset()
 

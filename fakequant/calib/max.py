@@ -1,6 +1,7 @@
 """Max calibrator: the absolute maximum over everything collected."""
 import torch
 
+from .._core import check_bool
 from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
 
@@ -22,9 +23,7 @@ class MaxCalibrator(_Calibrator):
 
     def __init__(self, num_bits=8, axis=None, unsigned=False, track_amax=False):
         super().__init__(num_bits, axis, unsigned)
-        if not isinstance(track_amax, bool):
-            raise TypeError(f"track_amax must be a bool, got {track_amax!r}")
-        self._track_amax = track_amax
+        self._track_amax = check_bool(track_amax, "track_amax")
         self._amaxs = [] if track_amax else None
         self._calib_amax = None
 
