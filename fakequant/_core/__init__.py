@@ -40,4 +40,5 @@ from .validation import (
     check_tensor,
     is_int,
     normalize_axis,
+    resolve_axes,
 )

@@ -6,7 +6,7 @@ import numbers
 from .constants import FLOAT_FORMAT_MAX, FP8_FORMATS, MAX_NUM_BITS, MIN_NUM_BITS
 
 __all__ = ["is_int", "check_tensor", "check_int", "check_float", "check_bool", "check_num_bits",
-           "check_integer_num_bits", "check_fp8_format", "normalize_axis"]
+           "check_integer_num_bits", "check_fp8_format", "normalize_axis", "resolve_axes"]
 
 
 def is_int(value) -> bool:
@@ -90,6 +90,20 @@ def check_fp8_format(exponent_bits, mantissa_bits):
             f"for FP8 E5M2, got ({exponent_bits}, {mantissa_bits})"
         )
     return exponent_bits, mantissa_bits
+
+
+def resolve_axes(axes, ndim: int, what: str = "axis"):
+    """The non-negative positions (a list, in the given order) of ``axes`` (an int or a
+    sequence of ints, negative ones counted from the end) in a tensor of ``ndim`` dimensions."""
+    given = (axes,) if is_int(axes) else tuple(axes)
+    out = []
+    for a in given:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{what} {a} is out of range for a tensor with {ndim} dimensions")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{what} {axes!r} names a dimension twice")
+    return out
 
 
 def normalize_axis(axis):

@@ -4,9 +4,9 @@ import warnings
 import torch
 from torch import nn
 
-from .. import _core, ops
+from .. import _core
 from ..calib import HistogramCalibrator, MaxCalibrator, reduce_amax
-from ..tensor_quant import QuantDescriptor, scaled_e4m3, tensor_quant
+from ..tensor_quant import QuantDescriptor
 from . import _schemes
 from .clip import Clip
 
@@ -347,13 +347,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             self.clip.clip_value_max.copy_(init)
 
     def _kept_axes(self, ndim):
-        axes = self._axis if isinstance(self._axis, tuple) else (self._axis,)
-        kept = []
-        for a in axes:
-            if not -ndim <= a < ndim:
-                raise ValueError(f"quantizer axis {a} is out of range for an input with {ndim} dimensions")
-            kept.append(a % ndim)
-        return kept
+        return _core.resolve_axes(self._axis, ndim, "quantizer axis")
 
     def _get_amax(self, inputs):
         """amax from the buffer, or computed from ``inputs`` when dynamic."""
@@ -402,11 +396,8 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         with the positions of the within-block axes."""
         shape, inner = [], []
         nd = inputs.dim()
-        blocks = {}
-        for axis, size in self._block_sizes.items():
-            if not -nd <= axis < nd:
-                raise ValueError(f"block_sizes axis {axis} is out of range for an input with {nd} dimensions")
-            blocks[axis % nd] = size
+        axes = _core.resolve_axes(tuple(self._block_sizes), nd, "block_sizes axis")
+        blocks = dict(zip(axes, self._block_sizes.values()))
         for d, n in enumerate(inputs.shape):
             if d not in blocks:
                 shape.append(n)
