@@ -531,7 +531,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     def __getstate__(self):
         # The schemes are chosen again on loading: a pickled quantizer holds module and
         # calibrator state only (loadable with weights_only once those classes are trusted).
-        state = dict(super().__getstate__())
+        state = self.__dict__.copy()  # (object.__getstate__ is Python >= 3.11)
         state.pop("_values", None)
         state.pop("_path", None)
         return state
