@@ -47,12 +47,10 @@ def check_bool(value, name: str) -> bool:
     return value
 
 
-def _check_bits_range(num_bits: int, name: str) -> int:
+def _check_bits_range(num_bits: int, name: str, formats_too: bool) -> int:
     if not MIN_NUM_BITS <= num_bits <= MAX_NUM_BITS:
-        raise ValueError(
-            f"{name} must be an integer in [{MIN_NUM_BITS}, {MAX_NUM_BITS}] or an (E, M) tuple "
-            f"in {list(FLOAT_FORMAT_MAX)}, got {num_bits!r}"
-        )
+        formats = f" or an (E, M) tuple in {list(FLOAT_FORMAT_MAX)}" if formats_too else ""
+        raise ValueError(f"{name} must be an integer in [{MIN_NUM_BITS}, {MAX_NUM_BITS}]{formats}, got {num_bits!r}")
     return int(num_bits)
 
 
@@ -60,7 +58,7 @@ def check_integer_num_bits(num_bits, name: str = "num_bits") -> int:
     """An integer width the operators implement: an int in [MIN_NUM_BITS, MAX_NUM_BITS]."""
     if not is_int(num_bits):
         raise TypeError(f"{name} must be an int, got {num_bits!r}")
-    return _check_bits_range(num_bits, name)
+    return _check_bits_range(num_bits, name, formats_too=False)
 
 
 def check_num_bits(num_bits, name: str = "num_bits"):
@@ -68,7 +66,7 @@ def check_num_bits(num_bits, name: str = "num_bits"):
     :func:`check_integer_num_bits`) or an ``(E, M)`` tuple of a supported float
     format; returns it normalised (lists become tuples)."""
     if is_int(num_bits):
-        return _check_bits_range(num_bits, name)
+        return _check_bits_range(num_bits, name, formats_too=True)
     if isinstance(num_bits, (tuple, list)) and len(num_bits) == 2 and all(is_int(v) for v in num_bits):
         fmt = (int(num_bits[0]), int(num_bits[1]))
         if fmt not in FLOAT_FORMAT_MAX:
