@@ -29,4 +29,4 @@ from . import calib, nn, optim, quant_modules, tensor_quant, utils
 from .quant_modules import deactivate, enable_onnx_export, initialize, quantize_model
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from .utils import calibrate
-from . import onnx  # registers the ONNX export of the operators with torch.onnx
+from . import onnx  # TorchScript export symbolics (dynamo: fakequant.onnx.export / custom_translation_table)

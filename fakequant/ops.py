@@ -23,7 +23,18 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _extension  # noqa: F401  (loads the library)
+from ._core import (
+    AMAX_EPSILON,
+    BLOCK_FLOAT_FORMATS,
+    FP8_FORMATS,
+    amax_bound,
+    check_float,
+    check_fp8_format,
+    check_int,
+    check_integer_num_bits,
+    check_tensor,
+    warn_if_translations_missing,
+)
 
 __all__ = [
     "fake_quantize_affine",
@@ -37,6 +48,7 @@ __all__ = [
     "fake_quantize_fp8",
     "fp8_max",
     "mask_backward",
+    "mask_grad",
     "unpack_mask",
     "amax_bound",
     "fake_quantize_blockwise",
@@ -45,20 +57,6 @@ __all__ = [
 
 _ops = torch.ops.fakequant
 TensorOrNumber = Union[torch.Tensor, float, int]
-
-
-def _check_tensor(value, name: str) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"fakequant: {name} must be a torch.Tensor, got {type(value).__name__}")
-    return value
-
-
-def _check_int(value, name: str, optional: bool = False):
-    if optional and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"fakequant: {name} must be an int, got {value!r}")
-    return int(value)
 
 
 def _as_tensor(value: TensorOrNumber, like: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
@@ -72,11 +70,6 @@ def _as_tensor(value: TensorOrNumber, like: torch.Tensor, dtype: torch.dtype, na
             raise ValueError(f"fakequant: {name} must be an integer in the int32 range, got {value!r}")
         value = int(value)
     return torch.tensor(value, dtype=dtype, device=like.device)
-
-
-def amax_bound(num_bits: int, unsigned: bool = False) -> int:
-    """The largest integer of the amax family's range: 2^(num_bits - 1 + unsigned) - 1."""
-    return 2 ** (num_bits - 1 + int(unsigned)) - 1
 
 
 # --- fake kernels: shapes, dtypes and strides without computing -------------
@@ -107,6 +100,7 @@ def _new_mask(y: torch.Tensor, packed: bool = True) -> torch.Tensor:
 
 @torch.library.register_fake("fakequant::fake_quantize_affine")
 def _(input, scale, zero_point, axis, quant_min, quant_max, pack_mask=True):
+    warn_if_translations_missing("fakequant::fake_quantize_affine")
     _check_meta(input, scale=scale, zero_point=zero_point)
     y = torch.empty_like(input)
     return y, _new_mask(y, pack_mask)
@@ -114,6 +108,7 @@ def _(input, scale, zero_point, axis, quant_min, quant_max, pack_mask=True):
 
 @torch.library.register_fake("fakequant::fake_quantize_amax")
 def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+    warn_if_translations_missing("fakequant::fake_quantize_amax")
     _check_meta(input, amax=amax)
     y = torch.empty_like(input)
     return y, _new_mask(y)
@@ -121,6 +116,7 @@ def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
 
 @torch.library.register_fake("fakequant::quantize_amax")
 def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+    warn_if_translations_missing("fakequant::quantize_amax")
     _check_meta(input, amax=amax)
     y = torch.empty_like(input)
     return y, _new_mask(y)
@@ -128,6 +124,7 @@ def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
 
 @torch.library.register_fake("fakequant::fake_quantize_min_max")
 def _(input, min_range, max_range, num_bits=8):
+    warn_if_translations_missing("fakequant::fake_quantize_min_max")
     _check_meta(input, min_range=min_range, max_range=max_range)
     y = torch.empty_like(input)
     return y, _new_mask(y)
@@ -160,13 +157,18 @@ def _save_mask(ctx, inputs, output):
     ctx.num_inputs = len(inputs)
 
 
+def mask_grad(grad: torch.Tensor, mask: torch.Tensor, output_stride: Sequence[int]) -> torch.Tensor:
+    """The backward of an operator: ``grad`` where its ``mask`` is set, else 0.
+    ``output_stride`` is the stride of the operator's output, whose memory order
+    a packed mask follows."""
+    if mask.dtype == torch.uint8:
+        grad = _with_output_strides(grad, output_stride)
+    return _ops.mask_backward(grad, mask)
+
+
 def _backward_through_mask(ctx, grad_output, grad_mask):
     (mask,) = ctx.saved_tensors
-    grad_input = None
-    if grad_output is not None:
-        if mask.dtype == torch.uint8:
-            grad_output = _with_output_strides(grad_output, ctx.output_stride)
-        grad_input = _ops.mask_backward(grad_output, mask)
+    grad_input = None if grad_output is None else mask_grad(grad_output, mask, ctx.output_stride)
     return (grad_input,) + (None,) * (ctx.num_inputs - 1)
 
 
@@ -177,12 +179,17 @@ for _name in ("fake_quantize_affine", "fake_quantize_amax", "quantize_amax", "fa
 
 
 def _save_mask_of_backward(ctx, inputs, output):
-    ctx.save_for_backward(inputs[1])
+    grad, mask = inputs
+    ctx.save_for_backward(mask)
+    # A packed mask follows the memory order of the gradient it was applied to
+    # (the forward output's, see _backward_through_mask): the incoming gradient
+    # of the double backward is laid out the same way before the mask applies.
+    ctx.grad_stride = grad.stride()
 
 
 def _backward_of_mask_backward(ctx, grad):
     (mask,) = ctx.saved_tensors
-    return _ops.mask_backward(grad, mask), None
+    return mask_grad(grad, mask, ctx.grad_stride), None
 
 
 torch.library.register_autograd(
@@ -191,6 +198,11 @@ torch.library.register_autograd(
 
 
 # --- public functions --------------------------------------------------------
+
+
+def _first(result, return_mask: bool):
+    """An operator's ``(output, mask)``, or its output alone."""
+    return result if return_mask else result[0]
 
 
 def fake_quantize_affine(
@@ -207,11 +219,11 @@ def fake_quantize_affine(
     zero points are integers (int tensors or integral floats) in
     ``[quant_min, quant_max]``. Differentiable in ``input``.
     """
-    input = _check_tensor(input, "input")
+    input = check_tensor(input, "input")
     scale = _as_tensor(scale, input, torch.float32, "scale")
     zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point")
-    axis = _check_int(axis, "axis", optional=True)
-    quant_min, quant_max = _check_int(quant_min, "quant_min"), _check_int(quant_max, "quant_max")
+    axis = check_int(axis, "axis", optional=True)
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
     return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max)[0]
 
 
@@ -257,10 +269,10 @@ def fake_quant(
     """ONNX Runtime's training ``FakeQuant`` contract: ``(y, mask)`` with a bool
     mask shaped like ``y`` (True where ``rint(x / scale) + zero_point`` lies in
     range). Pair with :func:`fake_quant_grad`."""
-    x = _check_tensor(x, "x")
+    x = check_tensor(x, "x")
     scale = _as_tensor(scale, x, torch.float32, "scale")
     zero_point = _as_tensor(zero_point, x, torch.int32, "zero_point")
-    quant_min, quant_max = _check_int(quant_min, "quant_min"), _check_int(quant_max, "quant_max")
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
     return _ops.fake_quantize_affine(x, scale, zero_point, None, quant_min, quant_max, False)
 
 
@@ -305,20 +317,25 @@ def fake_quantize_amax(
     unsigned: bool = False,
     narrow_range: bool = True,
     pass_through: bool = False,
+    *,
+    return_mask: bool = False,
 ) -> torch.Tensor:
     """pytorch-quantization's ``fake_tensor_quant``: scale ``amax / bound``.
 
     ``amax`` is a number or a tensor broadcastable to ``input`` (per-channel
     amax keeps the channel axes with size > 1). Where ``amax <= 2^-24`` the
     output is 0. The gradient passes where ``|x| <= amax`` (or everywhere with
-    ``pass_through=True``).
+    ``pass_through=True``). ``return_mask=True`` returns ``(output, packed mask)``
+    (the mask the backward uses; see :func:`unpack_mask`, :func:`mask_grad`).
     """
-    input = _check_tensor(input, "input")
+    input = check_tensor(input, "input")
     amax = _as_tensor(amax, input, torch.float32, "amax")
-    num_bits = _check_int(num_bits, "num_bits")
+    num_bits = check_integer_num_bits(num_bits)
     if pass_through:
+        if return_mask:
+            raise ValueError("fakequant: return_mask=True has no mask to return with pass_through=True")
         return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range)
-    return _ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range)[0]
+    return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range), return_mask)
 
 
 def quantize_amax(
@@ -327,18 +344,21 @@ def quantize_amax(
     num_bits: int = 8,
     unsigned: bool = False,
     narrow_range: bool = True,
+    *,
+    return_mask: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """pytorch-quantization's ``tensor_quant``: the integer values (in input's
     dtype) and the scale ``bound / amax`` they were multiplied by (1 where
-    ``amax <= 2^-24``), so that ``output / scale`` dequantizes."""
-    input = _check_tensor(input, "input")
+    ``amax <= 2^-24``), so that ``output / scale`` dequantizes; and the packed
+    mask third with ``return_mask=True``."""
+    input = check_tensor(input, "input")
     amax = _as_tensor(amax, input, torch.float32, "amax")
-    num_bits = _check_int(num_bits, "num_bits")
-    output = _ops.quantize_amax(input, amax, num_bits, unsigned, narrow_range)[0]
+    num_bits = check_integer_num_bits(num_bits)
+    output, mask = _ops.quantize_amax(input, amax, num_bits, unsigned, narrow_range)
     amax32 = amax.float()
     bound = float(amax_bound(num_bits, unsigned))
-    scale = torch.where(amax32 <= 2.0**-24, torch.ones_like(amax32), bound / amax32)
-    return output, scale
+    scale = torch.where(amax32 <= AMAX_EPSILON, torch.ones_like(amax32), bound / amax32)
+    return (output, scale, mask) if return_mask else (output, scale)
 
 
 def fake_quantize_min_max(
@@ -346,42 +366,31 @@ def fake_quantize_min_max(
     min_range: TensorOrNumber,
     max_range: TensorOrNumber,
     num_bits: int = 8,
+    *,
+    return_mask: bool = False,
 ) -> torch.Tensor:
     """pytorch-quantization's ``fake_affine_tensor_quant``: an asymmetric range
     ``[min_range, max_range]`` on ``2^num_bits`` levels. The gradient passes
-    where ``min_range <= x <= max_range``."""
-    input = _check_tensor(input, "input")
+    where ``min_range <= x <= max_range``. ``return_mask=True`` returns ``(output, packed mask)``."""
+    input = check_tensor(input, "input")
     min_range = _as_tensor(min_range, input, torch.float32, "min_range")
     max_range = _as_tensor(max_range, input, torch.float32, "max_range")
-    num_bits = _check_int(num_bits, "num_bits")
-    return _ops.fake_quantize_min_max(input, min_range, max_range, num_bits)[0]
+    num_bits = check_integer_num_bits(num_bits)
+    return _first(_ops.fake_quantize_min_max(input, min_range, max_range, num_bits), return_mask)
 
 
 # === FP8: fake_quantize_fp8 (owner: the FP8 work; edit only inside this section) ===
 
-_FP8_MAX = {(4, 3): 448.0, (5, 2): 57344.0}  # (exponent_bits, mantissa_bits): largest finite value
-
-
-def _check_fp8_format(exponent_bits, mantissa_bits) -> None:
-    if (exponent_bits, mantissa_bits) not in _FP8_MAX:
-        raise ValueError(
-            "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) for FP8 E4M3 or (5, 2) "
-            f"for FP8 E5M2, got ({exponent_bits}, {mantissa_bits})"
-        )
-
-
 def fp8_max(exponent_bits: int = 4, mantissa_bits: int = 3) -> float:
     """The largest finite value of an FP8 format: 448.0 for E4M3 (4, 3), 57344.0 for E5M2 (5, 2)."""
-    exponent_bits = _check_int(exponent_bits, "exponent_bits")
-    mantissa_bits = _check_int(mantissa_bits, "mantissa_bits")
-    _check_fp8_format(exponent_bits, mantissa_bits)
-    return _FP8_MAX[(exponent_bits, mantissa_bits)]
+    return FP8_FORMATS[check_fp8_format(exponent_bits, mantissa_bits)]
 
 
 @torch.library.register_fake("fakequant::fake_quantize_fp8")
 def _(input, amax, exponent_bits=4, mantissa_bits=3):
+    warn_if_translations_missing("fakequant::fake_quantize_fp8")
     _check_meta(input, amax=amax)
-    _check_fp8_format(exponent_bits, mantissa_bits)
+    check_fp8_format(exponent_bits, mantissa_bits)
     y = torch.empty_like(input)
     return y, _new_mask(y)
 
@@ -396,6 +405,8 @@ def fake_quantize_fp8(
     amax: TensorOrNumber,
     exponent_bits: int = 4,
     mantissa_bits: int = 3,
+    *,
+    return_mask: bool = False,
 ) -> torch.Tensor:
     """FP8 fake quantization: E4M3 (``exponent_bits=4, mantissa_bits=3``, max 448)
     or E5M2 (5, 2; max 57344) with scale ``s = amax / max``:
@@ -404,22 +415,18 @@ def fake_quantize_fp8(
 
     ``amax`` is a number or a tensor broadcastable to ``input``, as in
     :func:`fake_quantize_amax`; where ``amax <= 2^-24`` the output is 0. The
-    gradient passes where ``|x| <= amax``.
+    gradient passes where ``|x| <= amax``. ``return_mask=True`` returns ``(output, packed mask)``.
     """
-    input = _check_tensor(input, "input")
+    input = check_tensor(input, "input")
     amax = _as_tensor(amax, input, torch.float32, "amax")
-    exponent_bits = _check_int(exponent_bits, "exponent_bits")
-    mantissa_bits = _check_int(mantissa_bits, "mantissa_bits")
-    return _ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits)[0]
+    exponent_bits, mantissa_bits = check_fp8_format(exponent_bits, mantissa_bits)
+    return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits), return_mask)
 
 
 # === end FP8 ===
 
 
 # === block-wise: fake_quantize_blockwise (edit only inside this section) ===
-
-_BLOCKWISE_FLOAT_FORMATS = {(4, 2): "E2M1", (8, 4): "E4M3", (8, 5): "E5M2"}
-
 
 def _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax):
     # The C++ checks (csrc/blockwise_args.h), repeated for the fake kernel.
@@ -428,10 +435,9 @@ def _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_a
     if exponent_bits < 0:
         raise ValueError(f"fakequant: exponent_bits must be 0 (integers), 2, 4 or 5, got {exponent_bits}")
     if exponent_bits == 0:
-        if not 2 <= num_bits <= 16:
-            raise ValueError(f"fakequant: num_bits must be in [2, 16], got {num_bits}")
+        check_integer_num_bits(num_bits)
     else:
-        if (num_bits, exponent_bits) not in _BLOCKWISE_FLOAT_FORMATS:
+        if (num_bits, exponent_bits) not in BLOCK_FLOAT_FORMATS:
             raise ValueError(
                 "fakequant: (num_bits, exponent_bits) must be (4, 2) for E2M1, (8, 4) for E4M3 or (8, 5) "
                 f"for E5M2 (or exponent_bits 0 for integers), got ({num_bits}, {exponent_bits})"
@@ -468,6 +474,7 @@ def _blockwise_keeps_layout(input: torch.Tensor) -> bool:
 
 @torch.library.register_fake("fakequant::fake_quantize_blockwise")
 def _(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0, scale_amax=None):
+    warn_if_translations_missing("fakequant::fake_quantize_blockwise")
     _check_meta(input, **({} if scale_amax is None else {"scale_amax": scale_amax}))
     _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax)
     y = torch.empty_like(input) if _blockwise_keeps_layout(input) else input.new_empty(input.shape)
@@ -510,11 +517,11 @@ def fake_quantize_blockwise(
     rounds just above the bound in float32.) Other axes than the last are moved last (a copy
     when that makes the rows strided) and back.
     """
-    input = _check_tensor(input, "input")
-    block_size = _check_int(block_size, "block_size")
-    num_bits = _check_int(num_bits, "num_bits")
-    exponent_bits = _check_int(exponent_bits, "exponent_bits")
-    axis = _check_int(axis, "axis")
+    input = check_tensor(input, "input")
+    block_size = check_int(block_size, "block_size")
+    num_bits = check_integer_num_bits(num_bits)
+    exponent_bits = check_int(exponent_bits, "exponent_bits")
+    axis = check_int(axis, "axis")
     if scale_amax is not None:
         scale_amax = _as_tensor(scale_amax, input, torch.float32, "scale_amax")
     nd = max(input.dim(), 1)
@@ -547,6 +554,7 @@ def fake_quantize_blockwise(
 
 @torch.library.register_fake("fakequant::fake_quantize_lsq")
 def _(input, scale, zero_point, axis, quant_min, quant_max, grad_factor=1.0):
+    warn_if_translations_missing("fakequant::fake_quantize_lsq")
     _check_meta(input, scale=scale, zero_point=zero_point)
     return torch.empty_like(input)
 
@@ -589,15 +597,6 @@ def _lsq_backward(ctx, grad):
 torch.library.register_autograd("fakequant::fake_quantize_lsq", _lsq_backward, setup_context=_lsq_setup_context)
 
 
-def _check_float(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"fakequant: {name} must be a float, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"fakequant: {name} must be finite, got {value!r}")
-    return value
-
-
 def fake_quantize_lsq(
     input: torch.Tensor,
     scale: TensorOrNumber,
@@ -621,10 +620,10 @@ def fake_quantize_lsq(
     so ``torch.compile(dynamic=True)`` compiles once per size unless ``grad_factor`` is
     given.
     """
-    input = _check_tensor(input, "input")
+    input = check_tensor(input, "input")
     scale = _as_tensor(scale, input, torch.float32, "scale")
-    axis = _check_int(axis, "axis", optional=True)
-    quant_min, quant_max = _check_int(quant_min, "quant_min"), _check_int(quant_max, "quant_max")
+    axis = check_int(axis, "axis", optional=True)
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
     if isinstance(zero_point, torch.Tensor) and zero_point.is_floating_point():
         # Value: the rounded, clamped zero point exactly (r + 0); gradient: identity.
         rounded = zero_point.detach().round().clamp(quant_min, quant_max)
@@ -640,7 +639,7 @@ def fake_quantize_lsq(
         # (under torch.compile with dynamic shapes n may be symbolic: no float() of it here)
         grad_factor = 1.0 / math.sqrt(max(n, 1) * max(quant_max, 1))
     else:
-        grad_factor = _check_float(grad_factor, "grad_factor")
+        grad_factor = check_float(grad_factor, "grad_factor")
     return _ops.fake_quantize_lsq(input, scale, zero_point, axis, quant_min, quant_max, grad_factor)
 
 

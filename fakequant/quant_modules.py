@@ -21,6 +21,7 @@ from . import nn as quant_nn
 from .nn._utils import QuantInputMixin, QuantMixin
 from .nn.tensor_quantizer import TensorQuantizer
 from .tensor_quant import QuantDescriptor
+from ._core import enable_onnx_export  # noqa: F401  (pytorch-quantization's name; per-thread switches)
 
 __all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "QuantModuleReplacementHelper"]
 
@@ -152,37 +153,6 @@ def initialize(float_module_list=None, custom_quant_modules=None):
 def deactivate():
     """Undoes :func:`initialize` (no-op if it is not active)."""
     _quant_module_helper_object.restore_float_modules()
-
-
-@contextlib.contextmanager
-def enable_onnx_export(clip_narrow_range=True):
-    """Context manager for ``torch.onnx.export`` of a quantized model.
-
-    Not needed for the export itself: ``import fakequant`` registers the export
-    of its operators with both of torch's exporters, and quantizers export as
-    QuantizeLinear/DequantizeLinear pairs with their exact range (README,
-    "Export to ONNX"). Inside the context:
-
-    * every enabled quantizer checks that it has an amax (a quantizer that
-      was never calibrated raises; ``dynamic`` ones export a computed scale,
-      with a warning);
-    * the export options apply: ``clip_narrow_range=False`` drops the Clip that
-      makes a narrow range (``[-127, 127]``) exact, as TensorRT needs.
-
-    ``TensorQuantizer.use_fb_fake_quant`` is set too (pytorch-quantization did
-    so; scripts read it), but quantizers keep fakequant's operators inside the
-    context. The previous settings come back on exit, also when the export raises.
-    """
-    from .onnx import export_options
-
-    saved = (TensorQuantizer._enable_onnx_export, TensorQuantizer.use_fb_fake_quant)
-    TensorQuantizer._enable_onnx_export = True
-    TensorQuantizer.use_fb_fake_quant = True
-    try:
-        with export_options(clip_narrow_range=clip_narrow_range):
-            yield
-    finally:
-        TensorQuantizer._enable_onnx_export, TensorQuantizer.use_fb_fake_quant = saved
 
 
 # --- converting an existing model ------------------------------------------------

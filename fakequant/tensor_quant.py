@@ -15,7 +15,8 @@ from typing import Any, Dict, Union
 
 import torch
 
-from . import ops
+from . import _core, ops
+from ._core import check_bool as _check_bool, check_num_bits, is_int as _is_int, normalize_axis as _normalize_axis
 
 __all__ = [
     "ScaledQuantDescriptor",
@@ -41,56 +42,13 @@ __all__ = [
     "scaled_e4m3",
 ]
 
-# The integer widths the operators implement.
-MIN_NUM_BITS, MAX_NUM_BITS = 2, 16
+# The integer widths the operators implement (the library's limits).
+MIN_NUM_BITS, MAX_NUM_BITS = _core.MIN_NUM_BITS, _core.MAX_NUM_BITS
 # Floating-point (exponent, mantissa) formats a descriptor may name.
 # (E, M): FP8 E4M3 and E5M2; FP4 E2M1 for block-wise quantization (NVFP4)
-FP_FORMATS = ((4, 3), (5, 2), (2, 1))
+FP_FORMATS = tuple(_core.FLOAT_FORMAT_MAX)
 CALIB_METHODS = ("max", "histogram")
 _BLOCK_STRING_KEYS = ("type", "scale_bits", "scale_block_sizes")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def check_num_bits(num_bits, name: str = "num_bits"):
-    """Validates ``num_bits``: an int in [2, 16] or an ``(E, M)`` tuple of a
-    supported floating-point format; returns it normalised (lists become tuples)."""
-    if _is_int(num_bits):
-        if not MIN_NUM_BITS <= num_bits <= MAX_NUM_BITS:
-            raise ValueError(
-                f"{name} must be an integer in [{MIN_NUM_BITS}, {MAX_NUM_BITS}] or an (E, M) tuple "
-                f"in {list(FP_FORMATS)}, got {num_bits!r}"
-            )
-        return int(num_bits)
-    if isinstance(num_bits, (tuple, list)) and len(num_bits) == 2 and all(_is_int(v) for v in num_bits):
-        fmt = (int(num_bits[0]), int(num_bits[1]))
-        if fmt not in FP_FORMATS:
-            raise ValueError(f"{name}={fmt!r}: the supported (E, M) formats are {list(FP_FORMATS)}")
-        return fmt
-    raise TypeError(
-        f"{name} must be an int or an (E, M) tuple of two ints, got {num_bits!r} "
-        f"({type(num_bits).__name__})"
-    )
-
-
-def _check_bool(value, name):
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _normalize_axis(axis):
-    if axis is None:
-        return None
-    if _is_int(axis):
-        return int(axis)
-    if isinstance(axis, (tuple, list)) and all(_is_int(a) for a in axis):
-        if len(set(axis)) != len(axis):
-            raise ValueError(f"axis must not repeat an axis, got {axis!r}")
-        return tuple(int(a) for a in axis)
-    raise TypeError(f"axis must be None, an int or a tuple of ints, got {axis!r} ({type(axis).__name__})")
 
 
 def _amax_to_tensor(amax, name="amax") -> torch.Tensor:
@@ -397,11 +355,6 @@ def _amax_like(amax: Amax, inputs: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(amax), dtype=torch.float32, device=inputs.device)
 
 
-def _check_int_bits(num_bits):
-    if not _is_int(num_bits):
-        raise TypeError(f"num_bits must be an int, got {num_bits!r}")
-
-
 def fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
     """Fake-quantizes ``inputs`` to ``num_bits`` with range ``[-amax, amax]``.
 
@@ -410,7 +363,6 @@ def fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=Tru
     weight). The gradient passes where ``|inputs| <= amax`` (straight-through
     estimator with clipping); only a 1-bit mask is kept for the backward.
     """
-    _check_int_bits(num_bits)
     return ops.fake_quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
 
 
@@ -425,17 +377,20 @@ def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
     ``outputs`` (in ``inputs``' dtype) and ``scale = bound / amax`` (1 where
     amax is 0) in ``inputs``' dtype, so that ``outputs / scale`` dequantizes.
     Differentiable in ``inputs`` (straight-through with clipping)."""
-    _check_int_bits(num_bits)
     outputs, scale = ops.quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
+    return outputs, _scale_in(scale, inputs, amax)
+
+
+def _scale_in(scale, inputs, amax):
+    """``tensor_quant``'s scale in ``inputs``' dtype."""
     if inputs.dtype == torch.half and scale.device.type == "cpu" and bool((scale > 65504).any()):
         raise ValueError(f"the scale bound / amax overflows float16 for amax={amax}")
-    return outputs, scale.to(inputs.dtype)
+    return scale.to(inputs.dtype)
 
 
 def fake_affine_tensor_quant(inputs, min_range, max_range, num_bits=8):
     """Asymmetric fake quantization of ``inputs`` to ``2^num_bits`` levels over
     ``[min_range, max_range]``; the gradient passes inside the range."""
-    _check_int_bits(num_bits)
     return ops.fake_quantize_min_max(inputs, min_range, max_range, num_bits)
 
 
@@ -463,98 +418,79 @@ def scaled_e4m3(inputs, amax=None, E=4, M=3):
 
 # --- torch.autograd.Function classes -------------------------------------------
 #
-# pytorch-quantization exposes its functions as Function classes and scripts call
-# ``FakeTensorQuantFunction.apply(...)``. Our operators already carry their
-# autograd formula (a 1-bit mask saved by the forward), so ``apply`` goes
-# straight to them. ``forward``/``backward`` are complete for callers (or
-# tracers) that use the Function protocol directly; that route saves the input
-# for the backward, as any Function that recomputes its mask must.
+# pytorch-quantization exposes its functions as Function classes, and scripts call
+# ``FakeTensorQuantFunction.apply(...)``. Here each is a thin Function over the
+# same operator as the function of its name: the forward runs the operator and
+# keeps the 1-bit mask it returns, the backward is the operator's own mask
+# backward (fakequant.ops.mask_grad). Nothing is computed a second way.
 
 
-def _clip_mask(inputs, lo, hi):
-    return (inputs >= lo) & (inputs <= hi)
+def _output_and_mask(ctx, result):
+    y, mask = result
+    ctx.save_for_backward(mask)
+    ctx.output_stride = y.stride()
+    return y
+
+
+def _mask_grad(ctx, grad):
+    (mask,) = ctx.saved_tensors
+    return ops.mask_grad(grad, mask, ctx.output_stride)
 
 
 class FakeTensorQuantFunction(torch.autograd.Function):
     """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``: :func:`fake_tensor_quant`."""
 
-    apply = staticmethod(fake_tensor_quant)
-
     @staticmethod
     def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-        amax = _amax_like(amax, inputs)
-        ctx.save_for_backward(inputs, amax)
-        with torch.no_grad():
-            return ops.fake_quantize_amax(inputs, amax, num_bits, unsigned, narrow_range)
+        return _output_and_mask(ctx, ops.fake_quantize_amax(
+            inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range, return_mask=True))
 
     @staticmethod
     def backward(ctx, grad_outputs):
-        inputs, amax = ctx.saved_tensors
-        keep = _clip_mask(inputs, -amax.to(inputs.dtype), amax.to(inputs.dtype))
-        return grad_outputs * keep, None, None, None, None
+        return _mask_grad(ctx, grad_outputs), None, None, None, None
 
 
 class LegacyFakeTensorQuantFunction(FakeTensorQuantFunction):
     """``apply``: :func:`legacy_fake_tensor_quant` (the same operator)."""
 
-    apply = staticmethod(legacy_fake_tensor_quant)
-
 
 class TensorQuantFunction(torch.autograd.Function):
     """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``: :func:`tensor_quant`."""
 
-    apply = staticmethod(tensor_quant)
-
     @staticmethod
     def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
         amax = _amax_like(amax, inputs)
-        ctx.save_for_backward(inputs, amax)
-        with torch.no_grad():
-            return tensor_quant(inputs, amax, num_bits, unsigned, narrow_range)
+        outputs, scale, mask = ops.quantize_amax(inputs, amax, num_bits, unsigned, narrow_range, return_mask=True)
+        outputs = _output_and_mask(ctx, (outputs, mask))
+        ctx.mark_non_differentiable(scale)
+        return outputs, _scale_in(scale, inputs, amax)
 
     @staticmethod
     def backward(ctx, grad_outputs, grad_scale):
-        inputs, amax = ctx.saved_tensors
-        keep = _clip_mask(inputs, -amax.to(inputs.dtype), amax.to(inputs.dtype))
-        return grad_outputs * keep, None, None, None, None
+        return _mask_grad(ctx, grad_outputs), None, None, None, None
 
 
 class FakeAffineTensorQuantFunction(torch.autograd.Function):
     """``apply(inputs, min_range, max_range, num_bits=8)``: :func:`fake_affine_tensor_quant`."""
 
-    apply = staticmethod(fake_affine_tensor_quant)
-
     @staticmethod
     def forward(ctx, inputs, min_range, max_range, num_bits=8):
-        lo = _amax_like(min_range, inputs)
-        hi = _amax_like(max_range, inputs)
-        ctx.save_for_backward(inputs, lo, hi)
-        with torch.no_grad():
-            return ops.fake_quantize_min_max(inputs, lo, hi, num_bits)
+        return _output_and_mask(ctx, ops.fake_quantize_min_max(inputs, min_range, max_range, num_bits,
+                                                              return_mask=True))
 
     @staticmethod
     def backward(ctx, grad_outputs):
-        inputs, lo, hi = ctx.saved_tensors
-        keep = _clip_mask(inputs, lo.to(inputs.dtype), hi.to(inputs.dtype))
-        return grad_outputs * keep, None, None, None
+        return _mask_grad(ctx, grad_outputs), None, None, None
 
 
 class ScaledE4M3Function(torch.autograd.Function):
     """``apply(inputs, amax=None, E=4, M=3)``: :func:`scaled_e4m3`."""
 
-    apply = staticmethod(scaled_e4m3)
-
     @staticmethod
     def forward(ctx, inputs, amax=None, E=4, M=3):
-        amax = _fp8_amax(amax, inputs, E, M)
-        ctx.save_for_backward(inputs, amax)
-        with torch.no_grad():
-            return ops.fake_quantize_fp8(inputs, amax, E, M)
+        return _output_and_mask(ctx, ops.fake_quantize_fp8(inputs, _fp8_amax(amax, inputs, E, M), E, M,
+                                                          return_mask=True))
 
     @staticmethod
     def backward(ctx, grad_outputs):
-        inputs, amax = ctx.saved_tensors
-        # |x| <= amax in the operator's compute type, as its own mask.
-        ct = torch.float64 if inputs.dtype == torch.float64 else torch.float32
-        keep = inputs.to(ct).abs() <= amax.to(torch.float32).to(ct)
-        return grad_outputs.masked_fill(~keep, 0), None, None, None
+        return _mask_grad(ctx, grad_outputs), None, None, None

@@ -152,11 +152,11 @@ def test_histogram_rejects_bad_input():
 # --- amax searches against brute force -------------------------------------------------
 
 
-def brute_mse(hist, edges, num_bits, unsigned, stride, start_bin):
+def brute_mse(hist, edges, num_bits, unsigned, stride, start_bin, narrow_range=True):
     centers = torch.from_numpy((edges[1:] + edges[:-1]) / 2).float()
     counts = torch.from_numpy(hist).double()
-    errors = [(((ops.fake_quantize_amax(centers, centers[i], num_bits, unsigned) - centers).double() ** 2)
-               * counts).sum().item() for i in range(start_bin, len(centers), stride)]
+    errors = [(((ops.fake_quantize_amax(centers, centers[i], num_bits, unsigned, narrow_range) - centers).double()
+                ** 2) * counts).sum().item() for i in range(start_bin, len(centers), stride)]
     return centers[start_bin + stride * int(np.argmin(errors))].item()
 
 
@@ -194,6 +194,57 @@ def test_entropy_and_mse_match_brute_force(seed, num_bits, unsigned, stride, sta
     assert got == pytest.approx(reference.entropy_amax(hist, edges, num_bits, unsigned, stride, start_bin), rel=1e-6)
     got = c.compute_amax("mse", stride=stride, start_bin=start_bin).item()
     assert got == pytest.approx(brute_mse(hist, edges, num_bits, unsigned, stride, start_bin), rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mse_quantizes_with_the_quantizers_narrow_range(seed):
+    """The MSE search quantizes with the calibrated range: [-bound - 1, bound] when the
+    quantizer is not narrow (it once always used [-bound, bound])."""
+    rng = np.random.default_rng(seed)
+    hist, xmax = random_histogram(rng, 200)
+    for narrow in (True, False):
+        c = calibrator_with(hist, xmax)
+        c._num_bits, c._narrow_range = 3, narrow  # few levels: the extra one matters
+        edges = c._calib_bin_edges.double().numpy()
+        got = c.compute_amax("mse", start_bin=10).item()
+        assert got == pytest.approx(brute_mse(hist, edges, 3, False, 1, 10, narrow_range=narrow), rel=1e-6)
+    assert calib.HistogramCalibrator().narrow_range is True  # pytorch-quantization's default
+
+
+def test_mse_narrow_range_reaches_the_search_from_a_quantizer():
+    x = torch.randn(4000, generator=torch.Generator().manual_seed(1)) ** 3
+
+    def mse_search(narrow_range):
+        seen = []
+        desc = QuantDescriptor(num_bits=3, calib_method="histogram", narrow_range=narrow_range)
+        q = quant_nn.TensorQuantizer(desc)
+        assert q._calibrator.narrow_range is narrow_range
+        real = ops.fake_quantize_amax
+        try:
+            def spy(*args, **kwargs):
+                seen.append(args[4])
+                return real(*args, **kwargs)
+            ops.fake_quantize_amax = spy
+            q.enable_calib()
+            q.disable_quant()
+            q(x)
+            q.load_calib_amax("mse")
+        finally:
+            ops.fake_quantize_amax = real
+        return set(seen), q.amax
+
+    for narrow in (False, True):
+        seen, amax = mse_search(narrow)
+        assert seen == {narrow}
+    # the setter reaches the calibrator too, and calibrate_weights takes the quantizer's range
+    q = quant_nn.TensorQuantizer(QuantDescriptor(calib_method="histogram"))
+    q.narrow_range = True
+    assert q._calibrator.narrow_range is True
+    model = torch.nn.Sequential(quant_nn.Linear(50, 6, quant_desc_weight=QuantDescriptor(num_bits=3, axis=0)))
+    c_narrow = calib.HistogramCalibrator(3, 0, False, narrow_range=False)
+    c_narrow.collect(model[0].weight.detach())
+    calib.calibrate_weights(model, method="mse")
+    assert torch.equal(model[0].weight_quantizer.amax, c_narrow.compute_amax("mse"))
 
 
 @pytest.mark.parametrize("percentile", [0.0, 50.0, 99.0, 99.99, 100.0])

@@ -15,7 +15,7 @@ pytest.importorskip("onnxscript")
 import fakequant  # noqa: E402
 from fakequant import nn as quant_nn  # noqa: E402
 from fakequant.nn import TensorQuantizer  # noqa: E402
-from fakequant.onnx import ExportWarning, translation_dynamo  # noqa: E402
+from fakequant.onnx import ExportWarning  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
 
 EXPORTERS = ["torchscript", "dynamo"]
@@ -61,8 +61,11 @@ def test_narrow_range_clip_can_be_dropped_for_tensorrt(exporter, tmp_path):
     assert "Clip" in op_types(proto) and not caught
     assert np.array_equal(got, expected)
 
+    # torch.onnx.export itself: the dynamo exporter takes fakequant's translations as a table
+    table = {"custom_translation_table": fakequant.onnx.custom_translation_table()} if exporter == "dynamo" else {}
     with fakequant.enable_onnx_export(clip_narrow_range=False):
-        proto, got, caught = export_and_run(q, x, exporter, 17, tmp_path / "trt.onnx", export=torch.onnx.export)
+        proto, got, caught = export_and_run(q, x, exporter, 17, tmp_path / "trt.onnx", export=torch.onnx.export,
+                                            **table)
     assert op_types(proto).count("Clip") == 0
     assert len(caught) == 1 and "clip_narrow_range=False" in caught[0] and "-128" in caught[0]
     differ = got != expected
@@ -229,7 +232,7 @@ def test_dynamo_translations_are_registered_and_available_as_a_table(tmp_path):
     proto, got, _ = export_and_run(q, X, "dynamo", 18, tmp_path / "m.onnx", export=torch.onnx.export,
                                    custom_translation_table=table)
     assert np.array_equal(got, q(X).numpy())
-    assert translation_dynamo.is_installed()  # plain torch.onnx.export(dynamo=True) needs no table
+    assert fakequant.onnx.register() == table  # register() hands out the same table
 
 
 _FRESH_PROCESS = """
@@ -252,20 +255,54 @@ def _run_fresh(before, check):
     return result.stdout
 
 
-def test_plain_dynamo_export_needs_no_table_in_a_fresh_process(tmp_path):
+def test_plain_dynamo_export_without_the_table_says_what_to_call_in_a_fresh_process(tmp_path):
+    # Nothing is added to torch's registry: without the table the dynamo exporter fails
+    # on the fakequant node (never a different graph), after a TranslationWarning that
+    # names the calls that work.
     path = tmp_path / "m.onnx"
-    out = _run_fresh("", f"""
+    out = _run_fresh("meta_path = list(sys.meta_path)", f"""
+assert sys.meta_path == meta_path, "import fakequant changed sys.meta_path"
 q = TensorQuantizer(QuantDescriptor(amax=2.0, narrow_range=True)).eval()
-torch.onnx.export(q, (torch.randn(3, 5),), {str(path)!r}, dynamo=True, verbose=False)
-print(sorted(n.op_type for n in onnx.load({str(path)!r}).graph.node))
+x = torch.randn(3, 5)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        torch.onnx.export(q, (x,), {str(path)!r}, dynamo=True, verbose=False)
+        print("exported")
+    except Exception as e:
+        print("raised", type(e).__name__, "fakequant" in str(e))
+hints = [str(w.message) for w in caught if issubclass(w.category, fakequant.onnx.TranslationWarning)]
+print(len(hints) > 0, all("fakequant.onnx.export" in h and "custom_translation_table" in h for h in hints))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    torch.onnx.export(q, (x,), {str(path)!r}, dynamo=True, verbose=False,
+                      custom_translation_table=fakequant.onnx.custom_translation_table())
+    print("table", sorted(n.op_type for n in onnx.load({str(path)!r}).graph.node))
+print("warned with the table", any(issubclass(w.category, fakequant.onnx.TranslationWarning) for w in caught))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with fakequant.enable_onnx_export():
+        torch.onnx.export(q, (x,), {str(path)!r}, dynamo=True, verbose=False,
+                          custom_translation_table=fakequant.onnx.custom_translation_table())
+    fakequant.onnx.export(q, (x,), {str(path)!r}, dynamo=True, verbose=False)
+    print("export", sorted(n.op_type for n in onnx.load({str(path)!r}).graph.node))
+print("warned", sum(issubclass(w.category, fakequant.onnx.TranslationWarning) for w in caught))
 """)
-    assert "['Clip', 'DequantizeLinear', 'QuantizeLinear']" in out
+    assert "exported" not in out and "raised" in out, out
+    assert "True True" in out, out
+    assert "table ['Clip', 'DequantizeLinear', 'QuantizeLinear']" in out
+    assert "export ['Clip', 'DequantizeLinear', 'QuantizeLinear']" in out
+    # a warning for the plain export with the table (fakequant cannot see the table), none
+    # inside enable_onnx_export or fakequant.onnx.export
+    assert "warned with the table True" in out and "warned 0" in out, out
 
 
-def test_registration_when_torch_exporter_was_imported_first():
-    out = _run_fresh("import torch.onnx._internal.exporter._registration as r", """
-from fakequant.onnx import translation_dynamo
-registry = r.ONNXRegistry.from_torchlib()
-print(translation_dynamo.is_installed(), bool(registry.get_decomps(torch.ops.fakequant.fake_quantize_amax.default)))
-""")
-    assert "True True" in out
+def test_fakequant_patches_nothing_of_another_library():
+    """No import-time patching: no import hooks, no private torch registries."""
+    import pathlib
+
+    root = pathlib.Path(fakequant.__file__).parent
+    offenders = [f"{path.relative_to(root)}: {needle}" for path in sorted(root.rglob("*.py"))
+                 for needle in ("torch.onnx._internal", "sys.meta_path", "_torchlib")
+                 if needle in path.read_text()]
+    assert not offenders, offenders

@@ -91,7 +91,8 @@ def export(module, exporter, opset, path):
                               input_names=["x"], output_names=["y"])
         else:
             torch.onnx.export(module, (x,), str(path), dynamo=True, opset_version=opset,
-                              input_names=["x"], output_names=["y"], verbose=False)
+                              input_names=["x"], output_names=["y"], verbose=False,
+                              custom_translation_table=fakequant.onnx.custom_translation_table())
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto, full_check=True)
     return proto, [w for w in caught if issubclass(w.category, ExportWarning)]

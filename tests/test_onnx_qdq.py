@@ -135,7 +135,9 @@ class Exported:
             else:
                 # Below opset 18 torch's own conversion fails on the scale arithmetic (it
                 # converts before folding it); fakequant.onnx.export folds first.
-                export = torch.onnx.export if opset >= 17 else fakequant.onnx.export
+                table = fakequant.onnx.custom_translation_table()
+                export = (functools.partial(torch.onnx.export, custom_translation_table=table) if opset >= 17
+                          else fakequant.onnx.export)
                 export(self.model, (x,), str(path), dynamo=True, opset_version=opset, input_names=["x"],
                        output_names=NAMES, dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False)
         self.warnings = [w for w in caught if issubclass(w.category, ExportWarning)]

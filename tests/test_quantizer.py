@@ -390,3 +390,46 @@ def test_nvfp4_and_fp8_block_quantizers():
         TensorQuantizer(desc(num_bits=4, block_sizes={-1: 16, "type": "dynamic", "scale_bits": 8}))
     with pytest.raises(ValueError, match="E2M1"):
         desc(num_bits=(2, 1))
+
+
+@pytest.mark.parametrize("desc", [
+    QuantDescriptor(),
+    QuantDescriptor(amax=2.0),
+    QuantDescriptor(axis=0, amax=[[1.0], [2.0], [3.0], [4.0]]),
+    QuantDescriptor(block_sizes={-1: 4}),  # static blocks, dynamic amax
+    QuantDescriptor(block_sizes={-1: 4, "type": "dynamic"}),
+    QuantDescriptor(block_sizes={0: 2, -1: 4}),
+    QuantDescriptor(num_bits=(4, 3), amax=3.0),
+    QuantDescriptor(calib_method="histogram", axis=0),
+    QuantDescriptor(learn_amax=True, amax=2.0),
+], ids=repr)
+def test_forward_changes_no_module_state(desc):
+    """A forward (quantizing, calibrating or both) leaves the quantizer's buffers, its
+    calibrator's configuration and its schemes as they were; only the calibrator's
+    statistics grow."""
+    q = TensorQuantizer(desc)
+    x = torch.randn(4, 8)
+    for calibrating in (False, True):
+        if calibrating:
+            q.enable_calib()
+        buffers = dict(q._buffers)
+        config = (q._path, q._values, q._num_bits, q._axis, q._calibrator._axis, q._calibrator._num_bits,
+                  q._calibrator._unsigned)
+        names = set(vars(q))
+        q(x)
+        q(x)
+        assert {k: id(v) for k, v in q._buffers.items()} == {k: id(v) for k, v in buffers.items()}
+        assert (q._path, q._values, q._num_bits, q._axis, q._calibrator._axis, q._calibrator._num_bits,
+                q._calibrator._unsigned) == config
+        assert set(vars(q)) == names
+    if desc.block_sizes is not None and desc.block_sizes.get("type") != "dynamic":
+        q.load_calib_amax()  # one amax per block, laid out as before
+        assert q.amax.shape == q._blocked_view(x)[0].abs().amax(tuple(q._blocked_view(x)[1]), keepdim=True).shape
+
+
+def test_real_quantization_writes_only_scale():
+    q = TensorQuantizer(QuantDescriptor(amax=2.0, fake_quant=False))
+    state = {k: v for k, v in vars(q).items() if k != "_scale"}
+    outputs = q(torch.randn(10))
+    assert torch.equal(q.scale, torch.tensor(127 / 2.0)) and outputs.dtype == torch.float32
+    assert {k: v for k, v in vars(q).items() if k != "_scale"} == state

@@ -234,3 +234,33 @@ def test_fake_tensor_quant_compiles():
     f = torch.compile(lambda t: tensor_quant.FakeTensorQuantFunction.apply(t, torch.tensor(1.0), 8, False, True),
                       fullgraph=True, backend="aot_eager")
     assert torch.equal(f(x), tensor_quant.fake_tensor_quant(x, 1.0))
+
+
+@pytest.mark.parametrize("cls,args", [
+    (tensor_quant.FakeTensorQuantFunction, (torch.tensor(1.0), 8, False, True)),
+    (tensor_quant.LegacyFakeTensorQuantFunction, (torch.tensor(1.0), 4, True, False)),
+    (tensor_quant.TensorQuantFunction, (torch.tensor(1.0),)),
+    (tensor_quant.FakeAffineTensorQuantFunction, (torch.tensor(-1.0), torch.tensor(0.5), 8)),
+    (tensor_quant.ScaledE4M3Function, (torch.tensor(1.0), 4, 3)),
+])
+def test_function_classes_are_thin_functions_over_the_operators(cls, args):
+    """One path: apply is torch's (no override), forward runs the operator, backward is
+    the operator's own mask backward, bit for bit the function's gradient (also for a
+    channels_last input and a gradient holding NaN)."""
+    assert issubclass(cls, torch.autograd.Function) and "apply" not in vars(cls)
+    fn = {tensor_quant.FakeTensorQuantFunction: tensor_quant.fake_tensor_quant,
+          tensor_quant.LegacyFakeTensorQuantFunction: tensor_quant.legacy_fake_tensor_quant,
+          tensor_quant.TensorQuantFunction: lambda *a: tensor_quant.tensor_quant(*a)[0],
+          tensor_quant.FakeAffineTensorQuantFunction: tensor_quant.fake_affine_tensor_quant,
+          tensor_quant.ScaledE4M3Function: tensor_quant.scaled_e4m3}[cls]
+    base = (torch.randn(2, 3, 4, 5) * 1.5).contiguous(memory_format=torch.channels_last)
+    x1, x2 = base.clone().requires_grad_(), base.clone().requires_grad_()
+    y1 = cls.apply(x1, *args)
+    y1 = y1[0] if isinstance(y1, tuple) else y1
+    y2 = fn(x2, *args)
+    assert torch.equal(y1, y2)
+    g = torch.randn(y1.shape)
+    g[0, 0, 0, 0] = float("nan")
+    (g1,) = torch.autograd.grad(y1, x1, g)
+    (g2,) = torch.autograd.grad(y2, x2, g)
+    assert torch.equal(g1.isnan(), g2.isnan()) and torch.equal(g1.nan_to_num(), g2.nan_to_num())

@@ -152,3 +152,36 @@ def test_first_calls_of_a_process_from_many_threads():
     env = dict(os.environ, OMP_NUM_THREADS="2")
     run = subprocess.run([sys.executable, "-c", FIRST_CALLS], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+def test_export_switches_are_per_thread():
+    """enable_onnx_export on one thread changes nothing on another: an uncalibrated
+    quantizer still runs there, and the export options stay the defaults."""
+    q = quant_nn.TensorQuantizer(QuantDescriptor())  # no amax: the export mode refuses it
+    x = torch.randn(4, 8)
+    inside, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def exporting():
+        with fakequant.enable_onnx_export(clip_narrow_range=False):
+            seen["inside"] = (quant_nn.TensorQuantizer._enable_onnx_export,
+                              fakequant.onnx.export_options is not None and
+                              fakequant.onnx._options.current().clip_narrow_range)
+            inside.set()
+            done.wait(30)
+
+    t = threading.Thread(target=exporting)
+    t.start()
+    try:
+        assert inside.wait(30)
+        assert seen["inside"] == (True, False)
+        # this thread: not exporting
+        assert not quant_nn.TensorQuantizer._enable_onnx_export
+        assert not quant_nn.TensorQuantizer.use_fb_fake_quant
+        assert fakequant.onnx._options.current().clip_narrow_range is True
+        assert torch.equal(q(x), fakequant.fake_quantize_amax(x, x.abs().amax(), narrow_range=False))
+    finally:
+        done.set()
+        t.join()
+    with fakequant.enable_onnx_export(), pytest.raises(RuntimeError, match="calibrated"):
+        q(x)

@@ -1,5 +1,6 @@
 """Base class of the calibrators."""
-import numbers
+
+from .._core import check_bool, check_num_bits, normalize_axis, resolve_axes
 
 __all__ = ["_Calibrator"]
 
@@ -9,15 +10,7 @@ def normalize_kept_axes(axis, ndim):
     ``ndim``-dimensional tensor: () for per-tensor."""
     if axis is None:
         return ()
-    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
-    kept = []
-    for a in axes:
-        if not -ndim <= a < ndim:
-            raise ValueError(f"calibrator axis {a} is out of range for a tensor with {ndim} dimensions")
-        kept.append(int(a) % ndim)
-    if len(set(kept)) != len(kept):
-        raise ValueError(f"calibrator axis {axis!r} names a dimension twice")
-    return tuple(sorted(kept))
+    return tuple(sorted(resolve_axes(axis, ndim, "calibrator axis")))
 
 
 class _Calibrator:
@@ -30,13 +23,9 @@ class _Calibrator:
     """
 
     def __init__(self, num_bits=8, axis=None, unsigned=False):
-        from ..tensor_quant import _normalize_axis, check_num_bits
-
         self._num_bits = check_num_bits(num_bits)
-        self._axis = _normalize_axis(axis)
-        if not isinstance(unsigned, bool):
-            raise TypeError(f"unsigned must be a bool, got {unsigned!r}")
-        self._unsigned = unsigned
+        self._axis = normalize_axis(axis)
+        self._unsigned = check_bool(unsigned, "unsigned")
 
     @property
     def axis(self):

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .. import ops
+from .. import _core, ops
 from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
 
@@ -66,18 +66,20 @@ class HistogramCalibrator(_Calibrator):
         skip_zeros: leave exact zeros out of the histogram. Default False.
         torch_hist: accepted for compatibility (histograms are always collected
             with torch on the tensor's device).
+        narrow_range: the range the MSE search quantizes with, as the quantizer's
+            (``[-bound, bound]`` if True, else ``[-bound - 1, bound]``). Default True
+            (pytorch-quantization's); a :class:`~fakequant.nn.TensorQuantizer` passes its own.
     """
 
     def __init__(self, num_bits=8, axis=None, unsigned=False, num_bins=2048, grow_method=None,
-                 skip_zeros=False, torch_hist=True):
+                 skip_zeros=False, torch_hist=True, *, narrow_range=True):
         super().__init__(num_bits, axis, unsigned)
+        self._narrow_range = _core.check_bool(narrow_range, "narrow_range")
         self._num_bins = _check_positive_int(num_bins, "num_bins", 2)
         if grow_method is not None:
             warnings.warn(f"HistogramCalibrator: grow_method is deprecated and ignored, got {grow_method!r}",
                           DeprecationWarning, stacklevel=2)
-        if not isinstance(skip_zeros, bool):
-            raise TypeError(f"skip_zeros must be a bool, got {skip_zeros!r}")
-        self._skip_zeros = skip_zeros
+        self._skip_zeros = _core.check_bool(skip_zeros, "skip_zeros")
         self._torch_hist = torch_hist
         self.reset()
 
@@ -100,6 +102,10 @@ class HistogramCalibrator(_Calibrator):
     @property
     def skip_zeros(self):
         return self._skip_zeros
+
+    @property
+    def narrow_range(self):
+        return self._narrow_range
 
     def _edges(self, c: int) -> torch.Tensor:
         n = int(self._used[c])
@@ -383,7 +389,8 @@ class HistogramCalibrator(_Calibrator):
             elif method == "entropy":
                 out.append(_entropy_amax(h, width, self._num_bits, self._unsigned, stride, start_bin))
             else:
-                out.append(_mse_amax(h, width, self._num_bits, self._unsigned, stride, start_bin))
+                out.append(_mse_amax(h, width, self._num_bits, self._unsigned, self._narrow_range, stride,
+                                     start_bin))
         return out
 
     def __str__(self):
@@ -429,7 +436,7 @@ def _entropy_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, 
     ``sum h_j log(h_j / mean)`` is ``sum h_j log h_j - S log(S / N)``, so the
     cost is O(candidates x levels) instead of O(candidates x bins).
     """
-    levels = 1 << (num_bits - 1 + int(unsigned))
+    levels = _core.amax_bound(num_bits, unsigned) + 1
     h = h.to(torch.int64).clone()
     n = h.numel()
     if n > 1:
@@ -487,11 +494,11 @@ def _entropy_block(cand, h, csum, cnz, chl, k, levels, total):
     return torch.where(kept > 0, kl + last_term, math.inf)
 
 
-def _mse_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, stride: int,
+def _mse_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, narrow_range: bool, stride: int,
               start_bin: int) -> float:
     """The bin centre that, used as amax, minimises the count-weighted squared
-    quantization error of the bin centres (pytorch-quantization's MSE rule,
-    with narrow range as its ``fake_tensor_quant`` default). Runs on the CPU."""
+    quantization error of the bin centres (pytorch-quantization's MSE rule),
+    quantized with the calibrated quantizer's range. Runs on the CPU."""
     n = h.numel()
     centers = ((torch.arange(n, dtype=torch.float64) + 0.5) * width).float()
     counts = h.double()
@@ -502,7 +509,7 @@ def _mse_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, stri
     for block in torch.split(cand, rows):
         amax = centers[block].unsqueeze(1)
         x = centers.unsqueeze(0).expand(block.numel(), n).contiguous()
-        q = ops.fake_quantize_amax(x, amax, num_bits, unsigned, True)
+        q = ops.fake_quantize_amax(x, amax, num_bits, unsigned, narrow_range)
         errors.append(((q - x).double().square() * counts).sum(1))
     err = torch.cat(errors)
     best = int(torch.argmin(err))
@@ -523,9 +530,12 @@ def calibrate_weights(model, method="percentile", perchannel=True, percentile=99
             convolutions, 0 otherwise) if True, else one per tensor.
         percentile: for ``method="percentile"``.
         num_bins: histogram bins.
-    """
-    from ..nn.quant_conv import _QuantConvTransposeNd
 
+    Any module with a ``weight`` tensor and a ``weight_quantizer`` qualifies;
+    torch's ``transposed`` attribute of convolutions says where their output
+    channels are. The quantizer's ``num_bits``, ``unsigned`` and ``narrow_range``
+    set the calibration's.
+    """
     if method not in METHODS:
         raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
     for module in model.modules():
@@ -533,8 +543,9 @@ def calibrate_weights(model, method="percentile", perchannel=True, percentile=99
         weight = getattr(module, "weight", None)
         if quantizer is None or not isinstance(weight, torch.Tensor):
             continue
-        axis = (1 if isinstance(module, _QuantConvTransposeNd) else 0) if perchannel else None
-        calibrator = HistogramCalibrator(quantizer.num_bits, axis, quantizer.unsigned, num_bins=num_bins)
+        axis = (1 if getattr(module, "transposed", False) else 0) if perchannel else None
+        calibrator = HistogramCalibrator(quantizer.num_bits, axis, quantizer.unsigned, num_bins=num_bins,
+                                         narrow_range=quantizer.narrow_range)
         calibrator.collect(weight)
         if method == "percentile":
             amax = calibrator.compute_amax("percentile", percentile=percentile)

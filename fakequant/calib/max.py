@@ -1,6 +1,7 @@
 """Max calibrator: the absolute maximum over everything collected."""
 import torch
 
+from .._core import check_bool
 from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
 
@@ -22,9 +23,7 @@ class MaxCalibrator(_Calibrator):
 
     def __init__(self, num_bits=8, axis=None, unsigned=False, track_amax=False):
         super().__init__(num_bits, axis, unsigned)
-        if not isinstance(track_amax, bool):
-            raise TypeError(f"track_amax must be a bool, got {track_amax!r}")
-        self._track_amax = track_amax
+        self._track_amax = check_bool(track_amax, "track_amax")
         self._amaxs = [] if track_amax else None
         self._calib_amax = None
 
@@ -33,13 +32,19 @@ class MaxCalibrator(_Calibrator):
         """The amax of each collected tensor (CPU tensors), if ``track_amax``."""
         return self._amaxs
 
-    def collect(self, x):
-        """Updates the running amax with tensor ``x``."""
+    def collect(self, x, kept_axes=None):
+        """Updates the running amax with tensor ``x``.
+
+        Args:
+            kept_axes: the axes of ``x`` that keep their own amax, for this tensor
+                (a block quantizer's view of its input has one per block); default:
+                the calibrator's ``axis``.
+        """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MaxCalibrator.collect expects a tensor, got {type(x).__name__}")
         with torch.no_grad():
             x = x.detach()
-            kept = normalize_kept_axes(self._axis, x.dim())
+            kept = normalize_kept_axes(self._axis if kept_axes is None else kept_axes, x.dim())
             reduce_dims = [d for d in range(x.dim()) if d not in kept]
             if not reduce_dims:
                 local = x.abs()

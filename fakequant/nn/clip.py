@@ -4,6 +4,7 @@ import numbers
 import torch
 from torch import nn
 
+from .._core import check_bool
 from .functional import clip
 
 __all__ = ["Clip"]
@@ -46,8 +47,7 @@ class Clip(nn.Module):
             ("clip_value_min", clip_value_min, learn_min),
             ("clip_value_max", clip_value_max, learn_max),
         ):
-            if not isinstance(learn, bool):
-                raise TypeError(f"learn_{name[11:]} must be a bool, got {learn!r}")
+            check_bool(learn, f"learn_{name[11:]}")
             t = _bound(value, name, learn)
             if learn:
                 self.register_parameter(name, nn.Parameter(t))

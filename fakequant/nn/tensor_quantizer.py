@@ -4,13 +4,38 @@ import warnings
 import torch
 from torch import nn
 
-from .. import ops
-from ..calib import HistogramCalibrator, MaxCalibrator
-from ..tensor_quant import QuantDescriptor, check_num_bits, scaled_e4m3, tensor_quant
-from ..utils.reduce_amax import reduce_amax
+from .. import _core
+from ..calib import HistogramCalibrator, MaxCalibrator, reduce_amax
+from ..tensor_quant import QuantDescriptor
+from . import _schemes
 from .clip import Clip
 
 __all__ = ["TensorQuantizer"]
+
+
+class _Switches(type(nn.Module)):
+    """The class-wide switches of :class:`TensorQuantizer`, as pytorch-quantization
+    spells them. ``_enable_onnx_export`` is this thread's export mode
+    (``fakequant.enable_onnx_export``), not a class attribute; ``use_fb_fake_quant``
+    is the user's class-wide choice, and reads True inside the export mode (as
+    pytorch-quantization's ``enable_onnx_export`` set it; fakequant's operators
+    are used while exporting whatever it says)."""
+
+    @property
+    def _enable_onnx_export(cls):
+        return _core.onnx_export_enabled()
+
+    @_enable_onnx_export.setter
+    def _enable_onnx_export(cls, value):
+        _core.set_onnx_export_enabled(bool(value))
+
+    @property
+    def use_fb_fake_quant(cls):
+        return cls._use_fb_fake_quant or _core.onnx_export_enabled()
+
+    @use_fb_fake_quant.setter
+    def use_fb_fake_quant(cls, value):
+        cls._use_fb_fake_quant = _core.check_bool(value, "use_fb_fake_quant")
 
 
 def _as_float_tensor(value, name):
@@ -26,7 +51,7 @@ def _as_float_tensor(value, name):
     return t.to(torch.float32) if not t.is_floating_point() or t.dtype != torch.float32 else t
 
 
-class TensorQuantizer(nn.Module):
+class TensorQuantizer(nn.Module, metaclass=_Switches):
     """Quantizes a tensor as its :class:`~fakequant.tensor_quant.QuantDescriptor` says.
 
     Three stages, each switched on and off: ``calib`` (feed the calibrator),
@@ -48,25 +73,22 @@ class TensorQuantizer(nn.Module):
     keys of pytorch-quantization, whose checkpoints load here on any device.
     """
 
-    # Class-wide switch: quantize with torch's own fake_quantize_per_*_affine
-    # (full integer range, torch's rounding). Not for export: fakequant's own
-    # operators export exactly, and are used whenever an ONNX export runs.
-    use_fb_fake_quant = False
+    # Class-wide switch (``TensorQuantizer.use_fb_fake_quant``, see _Switches):
+    # quantize with torch's own fake_quantize_per_*_affine (full integer range,
+    # torch's rounding). Not for export: fakequant's own operators export exactly,
+    # and are used whenever an ONNX export runs.
+    _use_fb_fake_quant = False
     # How learn_amax learns the range: "lsq" (default) adds the learned-step-size
     # gradient of the quantization error (Esser et al., LSQ) to the clip stage's;
     # "pact" keeps pytorch-quantization's, where amax learns from clipped values only.
     learn_amax_method = "lsq"
-    # Set by quant_modules.enable_onnx_export(): check that every quantizer is calibrated.
-    _enable_onnx_export = False
-
     def __init__(self, quant_desc=QuantDescriptor(), disabled=False, if_quant=True, if_clip=False, if_calib=False):
         super().__init__()
         if not isinstance(quant_desc, QuantDescriptor):
             raise TypeError(f"quant_desc must be a QuantDescriptor, got {type(quant_desc).__name__}")
         for name, value in (("disabled", disabled), ("if_quant", if_quant), ("if_clip", if_clip),
                             ("if_calib", if_calib)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {value!r}")
+            _core.check_bool(value, name)
         self._num_bits = quant_desc.num_bits
         self._fake_quant = quant_desc.fake_quant
         self._axis = quant_desc.axis
@@ -88,6 +110,7 @@ class TensorQuantizer(nn.Module):
                 raise NotImplementedError("block_sizes['scale_bits'] needs dynamic blocks along one axis "
                                           "('type': 'dynamic', one axis with an int block size)")
 
+        self._configure()
         self._scale = None if not quant_desc.fake_quant else 1.0
         self._disabled = disabled
         self._if_quant = if_quant
@@ -105,7 +128,8 @@ class TensorQuantizer(nn.Module):
             self.enable_clip()
 
         if quant_desc.calib_method == "histogram":
-            self._calibrator = HistogramCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
+            self._calibrator = HistogramCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned,
+                                                   narrow_range=self._narrow_range)
         else:
             self._calibrator = MaxCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
         if if_calib:
@@ -118,7 +142,8 @@ class TensorQuantizer(nn.Module):
 
     @num_bits.setter
     def num_bits(self, value):
-        self._num_bits = check_num_bits(value)
+        self._num_bits = _core.check_num_bits(value)
+        self._configure()
         if self._calibrator is not None:
             self._calibrator._num_bits = self._num_bits
 
@@ -126,11 +151,9 @@ class TensorQuantizer(nn.Module):
     def maxbound(self):
         """The largest quantized value: ``2^(num_bits - 1 + unsigned) - 1`` (448 for E4M3,
         57344 for E5M2)."""
-        if self._num_bits == (2, 1):
-            return 6.0  # FP4 E2M1
         if isinstance(self._num_bits, tuple):
-            return ops.fp8_max(*self._num_bits)
-        return (1 << (self._num_bits - 1 + int(self._unsigned))) - 1
+            return _core.float_format_max(self._num_bits)
+        return _core.amax_bound(self._num_bits, self._unsigned)
 
     @property
     def unsigned(self):
@@ -138,9 +161,7 @@ class TensorQuantizer(nn.Module):
 
     @unsigned.setter
     def unsigned(self, value):
-        if not isinstance(value, bool):
-            raise TypeError(f"unsigned must be a bool, got {value!r}")
-        self._unsigned = value
+        self._unsigned = _core.check_bool(value, "unsigned")
         if self._calibrator is not None:
             self._calibrator._unsigned = value
 
@@ -150,9 +171,9 @@ class TensorQuantizer(nn.Module):
 
     @narrow_range.setter
     def narrow_range(self, value):
-        if not isinstance(value, bool):
-            raise TypeError(f"narrow_range must be a bool, got {value!r}")
-        self._narrow_range = value
+        self._narrow_range = _core.check_bool(value, "narrow_range")
+        if isinstance(self._calibrator, HistogramCalibrator):
+            self._calibrator._narrow_range = value
 
     @property
     def scale(self):
@@ -326,13 +347,7 @@ class TensorQuantizer(nn.Module):
             self.clip.clip_value_max.copy_(init)
 
     def _kept_axes(self, ndim):
-        axes = self._axis if isinstance(self._axis, tuple) else (self._axis,)
-        kept = []
-        for a in axes:
-            if not -ndim <= a < ndim:
-                raise ValueError(f"quantizer axis {a} is out of range for an input with {ndim} dimensions")
-            kept.append(a % ndim)
-        return kept
+        return _core.resolve_axes(self._axis, ndim, "quantizer axis")
 
     def _get_amax(self, inputs):
         """amax from the buffer, or computed from ``inputs`` when dynamic."""
@@ -346,9 +361,9 @@ class TensorQuantizer(nn.Module):
                 amax = reduce_amax(inputs, axis=reduce_dims, keepdims=True) if reduce_dims else inputs.abs()
         else:
             if amax.device != inputs.device:
-                # amax loaded or calibrated on another device: move it for good.
+                # amax set on another device than the module was moved to (module.to()
+                # moves it for good; the forward leaves the buffer as it is).
                 amax = amax.to(inputs.device)
-                self._buffers["_amax"] = amax
             amax = self._broadcastable(amax, inputs)
         if amax.requires_grad:
             # (only then: an exported graph would carry an Identity per detach,
@@ -381,11 +396,8 @@ class TensorQuantizer(nn.Module):
         with the positions of the within-block axes."""
         shape, inner = [], []
         nd = inputs.dim()
-        blocks = {}
-        for axis, size in self._block_sizes.items():
-            if not -nd <= axis < nd:
-                raise ValueError(f"block_sizes axis {axis} is out of range for an input with {nd} dimensions")
-            blocks[axis % nd] = size
+        axes = _core.resolve_axes(tuple(self._block_sizes), nd, "block_sizes axis")
+        blocks = dict(zip(axes, self._block_sizes.values()))
         for d, n in enumerate(inputs.shape):
             if d not in blocks:
                 shape.append(n)
@@ -413,86 +425,31 @@ class TensorQuantizer(nn.Module):
         (axis, size), = self._block_sizes.items()
         return None if size is None else (axis, size)
 
-    def _blockwise_dynamic(self, inputs, axis, block_size):
-        if isinstance(self._num_bits, tuple):  # (E, M) elements: 1 + E + M bits
-            e, m = self._num_bits
-            num_bits, exponent_bits = 1 + e + m, e
-        else:
-            num_bits, exponent_bits = self._num_bits, 0
-        scale_amax = None
-        if self._scale_bits is not None:
-            # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
-            amax = self._buffers.get("_amax")
-            if amax is not None and amax.numel() == 1:
-                scale_amax = amax.detach().reshape(()).to(inputs.device)
-            else:
-                scale_amax = self._tensor_amax(inputs)
-        return ops.fake_quantize_blockwise(inputs, block_size, num_bits, self._unsigned, self._narrow_range,
-                                           exponent_bits, scale_amax, axis=axis)
-
-    def _learned_quantize(self, inputs, amax):
-        """Quantization with a learned amax: LSQ's gradient for amax (``learn_amax_method``)."""
-        if (TensorQuantizer.learn_amax_method != "lsq" or isinstance(self._num_bits, tuple)
-                or not self._fake_quant or not torch.is_grad_enabled() or torch.onnx.is_in_onnx_export()):
-            # (no gradient to compute: the amax operator, which exports with a constant scale)
-            return self._quantize(inputs, amax.detach())
-        bound = self.maxbound
-        qmin = 0 if self._unsigned else (-bound if self._narrow_range else -bound - 1)
-        scale = amax.clamp_min(2.0**-24) / bound
-        return ops.fake_quantize_lsq(inputs, scale, 0, None, qmin, bound)
-
     # -- forward ------------------------------------------------------------------------
-    def _fb_fake_quant(self, inputs, amax):
-        """torch's native fake quantization on the full integer range (exports to ONNX QDQ)."""
-        bound = self.maxbound
-        qmin = 0 if self._unsigned else -bound - 1
-        if amax.numel() == 1:
-            scale = max(float(amax), 2.0 ** -24) / bound
-            return torch.fake_quantize_per_tensor_affine(inputs, scale, 0, qmin, bound)
-        flat = amax.detach().squeeze()
-        if flat.dim() != 1:
-            raise ValueError(f"torch's per-channel fake quantization takes one axis; amax has shape {tuple(amax.shape)}")
-        axis = list(amax.shape).index(flat.numel())
-        scale = (flat.float().clamp(min=2.0 ** -24) / bound).to(inputs.device)
-        zero_point = torch.zeros_like(scale, dtype=torch.int32)
-        return torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, axis, qmin, bound)
+    def _configure(self):
+        """Chooses the numeric path and value rule (nn/_schemes.py) of this configuration."""
+        self._values = _schemes.choose_values(self._num_bits, self._fake_quant)
+        self._path = _schemes.choose_path(self)
 
     def _quantize(self, inputs, amax):
-        if isinstance(self._num_bits, tuple):
-            return scaled_e4m3(inputs, amax, *self._num_bits)
-        if not self._fake_quant:
-            outputs, self._scale = tensor_quant(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
-            return outputs
-        if TensorQuantizer.use_fb_fake_quant and not (TensorQuantizer._enable_onnx_export
-                                                     or torch.onnx.is_in_onnx_export()):
-            return self._fb_fake_quant(inputs, amax)
-        return ops.fake_quantize_amax(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
+        """``inputs`` quantized with ``amax`` by the value rule (torch's own operators
+        with ``TensorQuantizer.use_fb_fake_quant``, except while exporting)."""
+        values = self._values
+        if (values is _schemes.FAKE_INTEGER and TensorQuantizer._use_fb_fake_quant
+                and not (self._export_mode() or torch.onnx.is_in_onnx_export())):
+            values = _schemes.TORCH_NATIVE
+        return values(self, inputs, amax)
 
     def _quant_forward(self, inputs):
-        if self._learn_amax:
-            inputs = self.clip(inputs)
-            neg_min, clip_max = -self.clip.clip_value_min, self.clip.clip_value_max
-            # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
-            amax = torch.where(neg_min > clip_max, neg_min, clip_max)
-            return self._learned_quantize(inputs, amax)
-        if self._block_sizes is not None:
-            block = self._kernel_block()
-            if self._dynamic and block is not None and self._fake_quant:
-                return self._blockwise_dynamic(inputs, *block)
-            blocked, inner = self._blocked_view(inputs)
-            amax = self._block_amax(blocked, inner)
-            if self._scale_amax is not None:
-                amax = amax * self._scale_amax
-            return self._quantize(blocked, amax).reshape(inputs.shape)
-        return self._quantize(inputs, self._get_amax(inputs))
+        return self._path(self, inputs)
 
     def _collect(self, inputs):
         if self._calibrator is None:
             raise RuntimeError("calibration is on but this quantizer has no calibrator")
         if self._block_sizes is not None:
             blocked, inner = self._blocked_view(inputs.detach())
-            self._calibrator._axis = tuple(d for d in range(blocked.dim()) if d not in inner)
-            self._calibrator.collect(blocked)
+            # one amax per block: every axis but the within-block ones is kept
+            self._calibrator.collect(blocked, kept_axes=tuple(d for d in range(blocked.dim()) if d not in inner))
         else:
             self._calibrator.collect(inputs.detach())
 
@@ -506,9 +463,15 @@ class TensorQuantizer(nn.Module):
         if self._if_calib:
             warnings.warn("a TensorQuantizer is still calibrating during ONNX export", stacklevel=3)
 
+    @staticmethod
+    def _export_mode():
+        # This thread's fakequant.enable_onnx_export. (Not read while dynamo traces:
+        # it cannot guard a thread-local value, and a compiled graph is no export.)
+        return not torch.compiler.is_dynamo_compiling() and _core.onnx_export_enabled()
+
     def forward(self, inputs):
         """Quantizes ``inputs`` (after the optional calibration and clip stages)."""
-        if TensorQuantizer._enable_onnx_export:
+        if self._export_mode():
             self._check_onnx_readiness(inputs)
         pre_quant_scale = self._buffers.get("_pre_quant_scale")
         if pre_quant_scale is not None:
@@ -564,6 +527,18 @@ class TensorQuantizer(nn.Module):
         if amax is not None and moved is not None and moved.dtype != amax.dtype and amax.dtype == torch.float32:
             self._buffers["_amax"] = amax.to(moved.device)
         return out
+
+    def __getstate__(self):
+        # The schemes are chosen again on loading: a pickled quantizer holds module and
+        # calibrator state only (loadable with weights_only once those classes are trusted).
+        state = self.__dict__.copy()  # (object.__getstate__ is Python >= 3.11)
+        state.pop("_values", None)
+        state.pop("_path", None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._configure()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):

@@ -1,33 +1,44 @@
 """ONNX export of fakequant models as QuantizeLinear/DequantizeLinear (QDQ) graphs.
 
-``import fakequant`` registers the export of every ``torch.ops.fakequant``
-operator with both of torch's exporters, so models that use the operators, the
-quantizers or the ``quant_nn`` modules export with a plain ``torch.onnx.export``:
+Both of torch's exporters are reached through their public extension points
+only:
 
 * TorchScript (``dynamo=False``): symbolic functions registered with
-  ``torch.onnx.register_custom_op_symbolic`` (:mod:`.symbolic_torchscript`);
-* dynamo (``dynamo=True``, the default): translations added to the exporter's
-  registry (:mod:`.translation_dynamo`); :func:`custom_translation_table` is the
-  same table, for ``torch.onnx.export(custom_translation_table=...)``.
+  ``torch.onnx.register_custom_op_symbolic`` (:mod:`.symbolic_torchscript`) on
+  ``import fakequant`` (:func:`register`), so a plain ``torch.onnx.export``
+  works;
+* dynamo (``dynamo=True``, torch's default): the translations go in through
+  ``torch.onnx.export(custom_translation_table=custom_translation_table())``,
+  which :func:`export` passes. torch has no public registry to add them to
+  for good, so a plain ``torch.onnx.export(model, args, dynamo=True)`` warns
+  (:class:`TranslationWarning`, saying which call to make) while it traces a
+  fakequant operator, and the exporter then fails on that node; it never
+  writes a different graph.
 
 :func:`export` does both with fakequant's options and checks. The graph and its
 numerics are described in README.md ("Export to ONNX").
 """
 import torch
 
+from .. import _core
 from . import _lowering, _options, symbolic_torchscript, translation_dynamo  # noqa: F401
+from .._core import TranslationWarning, enable_onnx_export
 from ._lowering import ExportWarning
 from ._options import ExportOptions, export_options
 from .translation_dynamo import custom_translation_table
 
-__all__ = ["export", "export_options", "ExportOptions", "ExportWarning", "custom_translation_table", "register"]
+__all__ = ["export", "export_options", "ExportOptions", "ExportWarning", "TranslationWarning",
+           "custom_translation_table", "register", "enable_onnx_export"]
 
 
 def register():
-    """Registers the export of the ``torch.ops.fakequant`` operators with both
-    exporters. Runs on ``import fakequant``; calling it again is harmless."""
+    """Registers the TorchScript exporter's symbolic functions of the
+    ``torch.ops.fakequant`` operators (``torch.onnx.register_custom_op_symbolic``).
+    Runs on ``import fakequant``; calling it again is harmless. Returns
+    :func:`custom_translation_table`, the dynamo exporter's translations, which
+    ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)`` takes."""
     symbolic_torchscript.register()
-    translation_dynamo.install()
+    return custom_translation_table()
 
 
 def export(model, args, f=None, *, dynamo=True, opset_version=None, clip_narrow_range=True,
@@ -53,8 +64,6 @@ def export(model, args, f=None, *, dynamo=True, opset_version=None, clip_narrow_
     Returns:
         What ``torch.onnx.export`` returns (an ``ONNXProgram`` with dynamo).
     """
-    from ..quant_modules import enable_onnx_export
-
     if opset_version is not None and opset_version < symbolic_torchscript.MIN_OPSET:
         raise ValueError(f"fakequant ONNX export needs opset_version >= {symbolic_torchscript.MIN_OPSET}, "
                          f"got {opset_version}")

@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _options
+from .. import _core
 
 # ONNX TensorProto data types (no import of onnx needed).
 FLOAT, UINT8, INT8, UINT16, INT16 = 1, 2, 3, 4, 5
@@ -44,7 +44,7 @@ _INT_RANGES = {
 _TYPE_NAMES = {INT4: "int4", UINT4: "uint4", INT8: "int8", UINT8: "uint8", INT16: "int16", UINT16: "uint16"}
 ONNX_FLOAT_TYPES = {torch.float32: FLOAT, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16, torch.float64: DOUBLE}
 
-AMAX_EPSILON = 2.0**-24
+AMAX_EPSILON = _core.AMAX_EPSILON
 # Scale given to channels whose amax is <= 2^-24, which the operators set to 0:
 # rint(x / 2^100) is 0 for every |x| < 2^99 (all float16 values, and any
 # activation a network produces), so the QDQ pair yields 0 as the operator does.
@@ -209,7 +209,7 @@ def _qdq(b, x, scale, zero_point, axis, channels, qmin, qmax, qtype, integer_out
     ``scale`` (scalar or (C,)) and ``zero_point`` (None: 0, or a value of ``qtype``).
     ``zero_point_float``: the zero point as float32, needed for a float-side clip."""
     clip = _Clip(qtype, qmin, qmax)
-    if clip.needed and clip.narrow_only and not _options.current().clip_narrow_range:
+    if clip.needed and clip.narrow_only and not _core.current_export_options().clip_narrow_range:
         _warn(f"the range {_describe(qmin, qmax)} is exported as {_TYPE_NAMES[qtype]} "
               f"{_describe(*_INT_RANGES[qtype])} without its Clip (clip_narrow_range=False): "
               f"values that round below {qmin} give {qmin - 1} * scale where PyTorch gives {qmin} * scale")
@@ -281,9 +281,9 @@ def _warn_dynamic(b, param, x, what):
 
 
 def amax_range(num_bits, unsigned, narrow_range):
-    bound = 2 ** (num_bits - 1 + int(unsigned)) - 1
-    qmin = 0 if unsigned else (-bound if narrow_range else -bound - 1)
-    return bound, qmin, bound
+    """``(bound, quant_min, quant_max)`` of the amax family (the library's rule)."""
+    qmin, qmax = _core.amax_range(num_bits, unsigned, narrow_range)
+    return qmax, qmin, qmax
 
 
 def _amax_scale(b, amax32, bound):
@@ -410,7 +410,7 @@ def lower_min_max(b, x, min_range, max_range, num_bits):
     ``[0, 2^n - 1]``, the unsigned type's range), as for every range that holds 0.
     """
     dtype, compute = _compute_type(b, x)
-    levels = 2**num_bits - 1
+    levels = _core.min_max_levels(num_bits)
     _warn_dynamic(b, min_range, x, "min_range")
     kind, axis, channels = _granularity(b, x, [b.shape(min_range), b.shape(max_range)])
     qtype = choose_qtype(0, levels, b.opset, True, b.wide_int_types)
@@ -445,7 +445,7 @@ def lower_min_max(b, x, min_range, max_range, num_bits):
 # --- FP8: fake_quantize_fp8 -------------------------------------------------------------
 
 # (exponent_bits, mantissa_bits): (ONNX type, largest finite value)
-FP8_FORMATS = {(4, 3): (FLOAT8E4M3FN, 448.0), (5, 2): (FLOAT8E5M2, 57344.0)}
+FP8_FORMATS = {(4, 3): (FLOAT8E4M3FN, _core.E4M3_MAX), (5, 2): (FLOAT8E5M2, _core.E5M2_MAX)}
 FP8_MIN_OPSET = 19
 
 
@@ -503,7 +503,7 @@ def lower_fp8(b, x, amax, exponent_bits, mantissa_bits):
 
 BLOCK_MIN_OPSET = 21  # QuantizeLinear/DequantizeLinear with block_size
 # (num_bits, exponent_bits) of the float element formats: (ONNX type or None, largest value)
-BLOCK_FLOAT_FORMATS = {(4, 2): (None, 6.0), (8, 4): (FLOAT8E4M3FN, 448.0), (8, 5): (FLOAT8E5M2, 57344.0)}
+BLOCK_FLOAT_FORMATS = {(4, 2): (None, _core.E2M1_MAX), (8, 4): FP8_FORMATS[(4, 3)], (8, 5): FP8_FORMATS[(5, 2)]}
 
 
 def _reduce_max(b, value, axes, keepdims):
@@ -535,7 +535,7 @@ def _round_e2m1(b, v):
     """v saturated to [-6, 6] and rounded to FP4 E2M1 (0, 0.5, 1, 1.5, 2, 3, 4, 6), ties to
     even: the spacing is 0.5 below 2, 1 below 4, 2 above, and Round (ties to even) on
     v / spacing picks the even code, as the operator does."""
-    v = b.op("Clip", v, _scalar(b, -6.0), _scalar(b, 6.0))
+    v = b.op("Clip", v, _scalar(b, -_core.E2M1_MAX), _scalar(b, _core.E2M1_MAX))
     a = b.op("Abs", v)
     step = b.op("Where", b.op("Less", a, _scalar(b, 2.0)), _scalar(b, 0.5),
                 b.op("Where", b.op("Less", a, _scalar(b, 4.0)), _scalar(b, 1.0), _scalar(b, 2.0)))
@@ -572,7 +572,7 @@ def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent
     s = b.op("Div", amax, _scalar(b, float(elem_max)))
     degenerate = b.op("LessOrEqual", amax, _scalar(b, AMAX_EPSILON))  # NaN: not degenerate
     if scale_amax is not None:
-        g = b.op("Div", _to_float(b, _squeeze(b, scale_amax)), _scalar(b, float(elem_max) * 448.0))
+        g = b.op("Div", _to_float(b, _squeeze(b, scale_amax)), _scalar(b, float(elem_max) * _core.E4M3_MAX))
         s = b.op("Mul", _cast_round_fp8(b, b.op("Div", s, g), FLOAT8E4M3FN), g)
         degenerate = b.op("Or", degenerate, b.op("LessOrEqual", s, _scalar(b, 0.0)))
     s = b.op("Where", degenerate, _scalar(b, ZERO_CHANNEL_SCALE), s)  # (..., nblocks)

@@ -73,7 +73,7 @@ class _TorchScriptBuilder(_lowering.Builder):
 
 
 def _const_arg(value, kind, name):
-    from torch.onnx._internal.torchscript_exporter import symbolic_helper
+    from torch.onnx import symbolic_helper
 
     if kind == "none_or_i" and symbolic_helper._is_none(value):
         return None
@@ -135,7 +135,7 @@ def fake_quantize_fp8(g, input, amax, exponent_bits, mantissa_bits):
 
 
 def fake_quantize_blockwise(g, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax):
-    from torch.onnx._internal.torchscript_exporter import symbolic_helper
+    from torch.onnx import symbolic_helper
 
     b = _builder(g, "fake_quantize_blockwise")
     y = _lowering.lower_blockwise(

@@ -2,11 +2,11 @@
 default): ONNX translations of the ``torch.ops.fakequant`` operators.
 
 :func:`custom_translation_table` is what ``torch.onnx.export`` takes as
-``custom_translation_table``. On ``import fakequant`` the same table is also
-added to every registry the exporter builds (:func:`install`), so a plain
-``torch.onnx.export(model, args, dynamo=True)`` needs nothing more; where a
-torch version does not allow that, pass the table yourself or use
-:func:`fakequant.onnx.export`.
+``custom_translation_table`` (torch's public way to add translations);
+:func:`fakequant.onnx.export` passes it. Nothing is added to torch's own
+registry: a plain ``torch.onnx.export(model, args, dynamo=True)`` without the
+table warns (``fakequant.onnx.TranslationWarning``, naming both calls) while it
+traces the model, and the exporter then fails on the first fakequant node.
 
 The translations are traced Python functions: the exporter calls them with
 ``onnx_ir`` values for the tensors and Python values for the other arguments,
@@ -14,11 +14,6 @@ under an onnxscript evaluator that records the ops. The scale is built from
 the amax initializer with ONNX ops, which the exporter's optimizer (on by
 default, ``optimize=True``) folds into one float32 initializer.
 """
-import importlib
-import importlib.abc
-import importlib.machinery
-import sys
-
 import torch
 
 from . import _lowering
@@ -194,82 +189,3 @@ def custom_translation_table():
         ops.fake_quantize_blockwise.default: fake_quantize_blockwise,
         ops.fake_quantize_lsq.default: fake_quantize_lsq,
     }
-
-
-# --- registration without the user passing the table ------------------------------------
-#
-# The exporter builds a fresh registry for each export from torch's own list of
-# translations (``_torchlib_registry._registry``). Adding ours to that list
-# makes every export find them, with no argument; a table the user passes still
-# takes precedence (it is registered later, in front). That module imports
-# onnxscript (half a second), so it is not imported here: the entries are added
-# when the exporter's registration module is first imported.
-
-# The two modules import each other; the entries can be added once both have run.
-_HOOKED_MODULES = ("torch.onnx._internal.exporter._registration",
-                   "torch.onnx._internal.exporter._torchlib._torchlib_registry")
-_installed = False
-
-
-def _add_to_torch_registry():
-    global _installed
-    if _installed:
-        return True
-    try:
-        from torch.onnx._internal.exporter import _registration
-        from torch.onnx._internal.exporter._torchlib import _torchlib_registry
-
-        entries = _torchlib_registry._registry
-        for target, fn in custom_translation_table().items():
-            entries.append(_registration.OnnxDecompMeta(
-                onnx_function=fn, fx_target=target, signature=None, is_custom=True))
-    except Exception:  # noqa: BLE001  (a torch without these internals: pass the table instead)
-        return False
-    _installed = True
-    return True
-
-
-class _LoaderHook(importlib.abc.Loader):
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _add_to_torch_registry()
-
-
-class _FinderHook(importlib.abc.MetaPathFinder):
-    def __init__(self):
-        self.pending = set(_HOOKED_MODULES) - set(sys.modules)
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.pending:
-            return None
-        self.pending.discard(fullname)
-        if not self.pending:
-            sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _LoaderHook(spec.loader)
-        return spec
-
-
-def install():
-    """Makes the dynamo exporter use fakequant's translations without arguments.
-    Returns True once they are in torch's registry, False while that waits for
-    the exporter's first import."""
-    if _installed:
-        return True
-    if all(name in sys.modules for name in _HOOKED_MODULES):
-        return _add_to_torch_registry()
-    if not any(isinstance(f, _FinderHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _FinderHook())
-    return False
-
-
-def is_installed():
-    """Whether torch's exporter registry holds fakequant's translations."""
-    return _installed

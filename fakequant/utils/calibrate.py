@@ -5,14 +5,13 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
+from ..calib import MaxCalibrator, _distributed
+from ..calib.histogram import METHODS as HISTOGRAM_METHODS
+from ..nn.tensor_quantizer import TensorQuantizer
+
 __all__ = ["calibrate", "collect_stats", "compute_amax"]
 
-HISTOGRAM_METHODS = ("entropy", "mse", "percentile", "max")
-
-
 def _quantizers(model):
-    from ..nn.tensor_quantizer import TensorQuantizer
-
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     found = [(name, m) for name, m in model.named_modules() if isinstance(m, TensorQuantizer)]
@@ -114,8 +113,6 @@ def _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty):
 
 
 def _will_sync(sync, group) -> bool:
-    from ..calib import _distributed
-
     if sync is not None and not isinstance(sync, bool):
         raise TypeError(f"sync must be a bool or None, got {sync!r}")
     return sync is not False and _distributed.is_distributed(group)
@@ -159,8 +156,6 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
     Returns:
         The number of quantizers whose amax was set.
     """
-    from ..calib import MaxCalibrator
-
     if method not in HISTOGRAM_METHODS:
         raise ValueError(f"method must be one of {list(HISTOGRAM_METHODS)}, got {method!r}")
     quantizers = _quantizers(model)

@@ -1,0 +1,44 @@
+"""The bottom layer of fakequant's Python: the numeric constants and range rules
+(read from the compiled library, so that Python cannot drift from the kernels),
+argument validation (each rule written once), and the thread-local export
+switches. Everything else in fakequant imports from here; this package imports
+nothing of fakequant but the compiled library.
+"""
+from .constants import (
+    AMAX_EPSILON,
+    BLOCK_FLOAT_FORMATS,
+    E2M1_MAX,
+    E4M3_MAX,
+    E5M2_MAX,
+    FLOAT_FORMAT_MAX,
+    FP8_FORMATS,
+    MAX_NUM_BITS,
+    MIN_NUM_BITS,
+    amax_bound,
+    amax_range,
+    float_format_max,
+    min_max_levels,
+)
+from .switches import (
+    ExportOptions,
+    TranslationWarning,
+    export_options,
+    current_export_options,
+    enable_onnx_export,
+    onnx_export_enabled,
+    set_onnx_export_enabled,
+    translations_supplied,
+    warn_if_translations_missing,
+)
+from .validation import (
+    check_bool,
+    check_float,
+    check_fp8_format,
+    check_int,
+    check_integer_num_bits,
+    check_num_bits,
+    check_tensor,
+    is_int,
+    normalize_axis,
+    resolve_axes,
+)

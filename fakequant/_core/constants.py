@@ -1,0 +1,59 @@
+"""The constants and range rules of the C++ library (``fakequant._C``), for Python.
+
+Nothing here is computed again: the values and the two range functions come
+from the compiled library, which the kernels use too.
+"""
+from .. import _extension  # noqa: F401  (loads the library, refusing one built for another torch)
+from .. import _C
+
+#: amax at or below this gives a zero output (and a scale of 1 for ``quantize_amax``).
+AMAX_EPSILON: float = _C.AMAX_EPSILON
+#: The integer widths the operators implement.
+MIN_NUM_BITS: int = _C.MIN_NUM_BITS
+MAX_NUM_BITS: int = _C.MAX_NUM_BITS
+#: Largest finite values of the small float formats.
+E4M3_MAX: float = _C.E4M3_MAX
+E5M2_MAX: float = _C.E5M2_MAX
+E2M1_MAX: float = _C.E2M1_MAX
+
+#: (exponent_bits, mantissa_bits) of the FP8 formats -> largest finite value.
+FP8_FORMATS = {(4, 3): E4M3_MAX, (5, 2): E5M2_MAX}
+#: (E, M) of every float format a descriptor may name -> largest finite value
+#: (FP4 E2M1 only as block-wise elements).
+FLOAT_FORMAT_MAX = {**FP8_FORMATS, (2, 1): E2M1_MAX}
+#: (num_bits, exponent_bits) of the block-wise float elements -> largest finite value.
+BLOCK_FLOAT_FORMATS = {(1 + e + m, e): value for (e, m), value in FLOAT_FORMAT_MAX.items()}
+
+
+# The library's ranges of every width, read once: looking them up is plain Python,
+# which torch.compile traces (it cannot trace a call into the C library).
+_RANGES = {(bits, unsigned, narrow): _C.amax_range(bits, unsigned, narrow)
+           for bits in range(MIN_NUM_BITS, MAX_NUM_BITS + 1) for unsigned in (False, True) for narrow in (False, True)}
+
+
+def amax_range(num_bits: int, unsigned: bool = False, narrow_range: bool = True):
+    """``(quant_min, quant_max)`` of the amax family: ``[0, bound]`` unsigned,
+    ``[-bound, bound]`` narrow, else ``[-bound - 1, bound]``. ValueError/TypeError
+    (the library's) for a ``num_bits`` the operators do not take."""
+    if isinstance(num_bits, int) and not isinstance(num_bits, bool):
+        found = _RANGES.get((num_bits, bool(unsigned), bool(narrow_range)))
+        if found is not None:
+            return found
+    return _C.amax_range(num_bits, bool(unsigned), bool(narrow_range))
+
+
+def amax_bound(num_bits: int, unsigned: bool = False) -> int:
+    """The largest integer of the amax family's range: ``2^(num_bits - 1 + unsigned) - 1``."""
+    return amax_range(num_bits, unsigned)[1]
+
+
+def float_format_max(fmt) -> float:
+    """The largest finite value of the float format ``(E, M)``."""
+    return FLOAT_FORMAT_MAX[tuple(fmt)]
+
+
+def min_max_levels(num_bits: int) -> int:
+    """The number of steps of the min/max family (``fake_quantize_min_max``):
+    ``2^num_bits - 1`` steps between ``min_range`` and ``max_range``, which is the
+    unsigned bound of the amax family."""
+    return amax_bound(num_bits, True)

@@ -1,0 +1,157 @@
+"""The numeric paths of a :class:`~fakequant.nn.TensorQuantizer`, one small object each.
+
+A quantizer holds two of them, chosen when it is built (and again when ``num_bits``
+changes): a *path*, which says where amax comes from and which operator runs, and
+a *value rule*, which turns a tensor and its amax into the output. They hold no
+state of their own: everything they read (amax, num_bits, ...) is the quantizer's,
+and the only state a forward writes is pytorch-quantization's ``scale`` (real
+quantization).
+
+Paths: :data:`AMAX` (one amax per tensor or per channel: calibrated, given or
+dynamic), :data:`LEARNED` (the clip stage's learned range, LSQ gradient),
+:data:`DYNAMIC_BLOCKS` (block-wise amax of each input, one pass of
+``fake_quantize_blockwise``), :data:`STATIC_BLOCKS` (any block layout, amax per
+block calibrated or computed). Value rules: :data:`FAKE_INTEGER`
+(``fake_quantize_amax``), :data:`TORCH_NATIVE` (torch's
+``fake_quantize_per_*_affine``, with ``TensorQuantizer.use_fb_fake_quant``),
+:data:`FP8` (``scaled_e4m3``), :data:`REAL` (``tensor_quant``: integers and
+``scale``).
+"""
+import torch
+
+from .. import _core, ops
+from ..tensor_quant import scaled_e4m3, tensor_quant
+
+__all__ = ["AMAX", "LEARNED", "DYNAMIC_BLOCKS", "STATIC_BLOCKS", "FAKE_INTEGER", "TORCH_NATIVE", "FP8", "REAL",
+           "choose_path", "choose_values"]
+
+
+# --- value rules: (quantizer, inputs, amax) -> outputs ------------------------------------
+
+
+class _FakeInteger:
+    """``fake_quantize_amax`` with the quantizer's num_bits, unsigned and narrow_range."""
+
+    def __call__(self, q, inputs, amax):
+        return ops.fake_quantize_amax(inputs, amax, q._num_bits, q._unsigned, q._narrow_range)
+
+
+class _TorchNative:
+    """torch's native fake quantization on the full integer range (exports to ONNX QDQ)."""
+
+    def __call__(self, q, inputs, amax):
+        qmin, bound = _core.amax_range(q._num_bits, q._unsigned, narrow_range=False)
+        if amax.numel() == 1:
+            scale = max(float(amax), _core.AMAX_EPSILON) / bound
+            return torch.fake_quantize_per_tensor_affine(inputs, scale, 0, qmin, bound)
+        flat = amax.detach().squeeze()
+        if flat.dim() != 1:
+            raise ValueError(f"torch's per-channel fake quantization takes one axis; amax has shape {tuple(amax.shape)}")
+        axis = list(amax.shape).index(flat.numel())
+        scale = (flat.float().clamp(min=_core.AMAX_EPSILON) / bound).to(inputs.device)
+        zero_point = torch.zeros_like(scale, dtype=torch.int32)
+        return torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, axis, qmin, bound)
+
+
+class _FP8:
+    """``scaled_e4m3`` with the quantizer's (E, M) format."""
+
+    def __call__(self, q, inputs, amax):
+        return scaled_e4m3(inputs, amax, *q._num_bits)
+
+
+class _Real:
+    """``tensor_quant``: the integers; their scale becomes the quantizer's ``scale``."""
+
+    def __call__(self, q, inputs, amax):
+        outputs, q._scale = tensor_quant(inputs, amax, q._num_bits, q._unsigned, q._narrow_range)
+        return outputs
+
+
+FAKE_INTEGER, TORCH_NATIVE, FP8, REAL = _FakeInteger(), _TorchNative(), _FP8(), _Real()
+
+
+def choose_values(num_bits, fake_quant):
+    """The value rule of a quantizer's configuration (torch's own operators are
+    chosen per call, by the class-wide ``use_fb_fake_quant`` switch)."""
+    if isinstance(num_bits, tuple):
+        return FP8
+    return FAKE_INTEGER if fake_quant else REAL
+
+
+# --- paths: (quantizer, inputs) -> outputs --------------------------------------------------
+
+
+class _Amax:
+    """One amax per tensor or per channel (``axis``): the ``_amax`` buffer, or each input's."""
+
+    def __call__(self, q, inputs):
+        return q._quantize(inputs, q._get_amax(inputs))
+
+
+class _Learned:
+    """The learned range of the clip stage (``learn_amax``), with LSQ's gradient for amax
+    (``TensorQuantizer.learn_amax_method``)."""
+
+    def __call__(self, q, inputs):
+        inputs = q.clip(inputs)
+        neg_min, clip_max = -q.clip.clip_value_min, q.clip.clip_value_max
+        # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
+        amax = torch.where(neg_min > clip_max, neg_min, clip_max)
+        if (type(q).learn_amax_method != "lsq" or q._values is not FAKE_INTEGER
+                or not torch.is_grad_enabled() or torch.onnx.is_in_onnx_export()):
+            # (no gradient to compute: the amax operator, which exports with a constant scale)
+            return q._quantize(inputs, amax.detach())
+        qmin, qmax = _core.amax_range(q._num_bits, q._unsigned, q._narrow_range)
+        scale = amax.clamp_min(_core.AMAX_EPSILON) / qmax
+        return ops.fake_quantize_lsq(inputs, scale, 0, None, qmin, qmax)
+
+
+class _DynamicBlocks:
+    """Dynamic blocks along one axis with a fixed size: ``fake_quantize_blockwise`` in one
+    pass (integer or (E, M) elements; E4M3 block scales under a per-tensor one with
+    ``scale_bits``)."""
+
+    def __call__(self, q, inputs):
+        axis, block_size = q._kernel_block()
+        if isinstance(q._num_bits, tuple):  # (E, M) elements: 1 + E + M bits
+            e, m = q._num_bits
+            num_bits, exponent_bits = 1 + e + m, e
+        else:
+            num_bits, exponent_bits = q._num_bits, 0
+        scale_amax = None
+        if q._scale_bits is not None:
+            # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
+            amax = q._buffers.get("_amax")
+            if amax is not None and amax.numel() == 1:
+                scale_amax = amax.detach().reshape(()).to(inputs.device)
+            else:
+                scale_amax = q._tensor_amax(inputs)
+        return ops.fake_quantize_blockwise(inputs, block_size, num_bits, q._unsigned, q._narrow_range,
+                                           exponent_bits, scale_amax, axis=axis)
+
+
+class _StaticBlocks:
+    """Any block layout (``block_sizes``): the input viewed as blocks, one amax per block
+    (calibrated, or each input's when dynamic), quantized by the value rule."""
+
+    def __call__(self, q, inputs):
+        blocked, inner = q._blocked_view(inputs)
+        amax = q._block_amax(blocked, inner)
+        if q._scale_amax is not None:
+            amax = amax * q._scale_amax
+        return q._quantize(blocked, amax).reshape(inputs.shape)
+
+
+AMAX, LEARNED, DYNAMIC_BLOCKS, STATIC_BLOCKS = _Amax(), _Learned(), _DynamicBlocks(), _StaticBlocks()
+
+
+def choose_path(q):
+    """The path of quantizer ``q``'s configuration."""
+    if q._learn_amax:
+        return LEARNED
+    if q._block_sizes is not None:
+        if q._dynamic and q._kernel_block() is not None and q._fake_quant:
+            return DYNAMIC_BLOCKS
+        return STATIC_BLOCKS
+    return AMAX

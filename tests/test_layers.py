@@ -1,0 +1,151 @@
+"""The Python package is built in layers: a module imports only from the layers below
+it, and no two parts of fakequant/ depend on each other.
+
+The import graph is read from the source with ``ast`` (every ``import`` and ``from ...
+import``, relative ones resolved, function-local ones included), so an import hidden in
+a function body counts as much as one at the top of a file.
+"""
+import ast
+import pathlib
+
+import pytest
+
+import fakequant
+
+ROOT = pathlib.Path(fakequant.__file__).parent
+
+# Lowest first. A part is a top-level module or package of fakequant/ (fakequant.nn.quant_conv
+# belongs to "nn"); it may import parts of lower layers, and parts of its own layer as long as
+# no two of them import each other.
+LAYERS = [
+    ("the compiled library and its loader", {"_C", "_build_info", "_extension"}),
+    ("plain-PyTorch reference for tests", {"reference"}),
+    ("constants, validation, switches", {"_core"}),
+    ("operators: the only user of torch.ops.fakequant", {"ops"}),
+    ("descriptors and functions", {"tensor_quant"}),
+    ("calibration statistics", {"calib"}),
+    ("quantizers and quantized modules", {"nn"}),
+    ("model level", {"quant_modules", "utils", "optim"}),
+    ("ONNX export", {"onnx"}),
+    ("the package and its command line", {"fakequant", "__main__"}),
+]
+LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = ["fakequant", *rel.parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_module(name: str) -> bool:
+    rel = pathlib.Path(*name.split(".")[1:])
+    return (ROOT / rel).is_dir() or (ROOT / rel).with_suffix(".py").is_file() or any(
+        ROOT.glob(f"{rel}.*.so")) or any(ROOT.glob(f"{rel}.*.pyd"))
+
+
+def _part(name: str) -> str:
+    """The part of fakequant a module belongs to ("fakequant" for the package itself)."""
+    pieces = name.split(".")
+    return pieces[1] if len(pieces) > 1 else "fakequant"
+
+
+def _imports(path: pathlib.Path):
+    """The fakequant modules ``path`` imports (anywhere in it), resolved to full names."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "fakequant":
+                    yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "fakequant":
+                continue
+            for alias in node.names:
+                candidate = f"{source}.{alias.name}"
+                # `from pkg import name` imports the module pkg.name if there is one, else pkg
+                yield candidate if _is_module(candidate) else source
+
+
+def import_graph():
+    """{part: {part it imports: [(file, module imported)]}} over fakequant/."""
+    graph = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        src = _part(_module_name(path))
+        for target in _imports(path):
+            dst = _part(target)
+            if dst != src:
+                graph.setdefault(src, {}).setdefault(dst, []).append((str(path.relative_to(ROOT)), target))
+    return graph
+
+
+def test_every_part_has_a_layer():
+    parts = {_part(_module_name(p)) for p in ROOT.rglob("*.py")}
+    missing = sorted(parts - set(LAYER_OF))
+    assert not missing, f"put these parts of fakequant/ in a layer of LAYERS: {missing}"
+
+
+def test_no_part_imports_a_higher_layer():
+    bad = [f"{src} (layer {LAYER_OF[src]}) imports {dst} (layer {LAYER_OF[dst]}) in {where}"
+           for src, targets in import_graph().items() for dst, where in targets.items()
+           if LAYER_OF.get(dst, -1) > LAYER_OF.get(src, len(LAYERS))]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_two_way_dependency():
+    graph = import_graph()
+    # any cycle, through any number of parts: depth-first search for a back edge
+    state, stack, cycles = {}, [], []
+
+    def visit(part):
+        state[part] = "open"
+        stack.append(part)
+        for dst in graph.get(part, {}):
+            if state.get(dst) == "open":
+                cycles.append(stack[stack.index(dst):] + [dst])
+            elif dst not in state:
+                visit(dst)
+        stack.pop()
+        state[part] = "done"
+
+    for part in sorted(graph):
+        if part not in state:
+            visit(part)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("from .. import ops\nfrom ..calib import MaxCalibrator\n", {"fakequant.ops", "fakequant.calib"}),
+    ("def f():\n    from ..nn.quant_conv import X\n", {"fakequant.nn.quant_conv"}),
+    ("import fakequant.onnx as o\n", {"fakequant.onnx"}),
+    ("from . import max\n", {"fakequant.calib.max"}),
+])
+def test_the_parser_sees_relative_and_function_local_imports(tmp_path, monkeypatch, source, expected):
+    path = ROOT / "calib" / "histogram.py"  # parsed as if it were this file's source
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *a, **k: source)
+    assert set(_imports(path)) == expected
+
+
+def test_the_checks_catch_a_two_way_and_an_upward_dependency(monkeypatch):
+    # calib/histogram.py once imported nn.quant_conv (for an isinstance check)
+    real = _imports
+
+    def with_upward_import(path):
+        yield from real(path)
+        if path == ROOT / "calib" / "histogram.py":
+            yield "fakequant.nn.quant_conv"
+
+    monkeypatch.setitem(globals(), "_imports", with_upward_import)
+    with pytest.raises(AssertionError, match="calib .* imports nn"):
+        test_no_part_imports_a_higher_layer()
+    with pytest.raises(AssertionError, match="import cycles"):
+        test_no_two_way_dependency()
