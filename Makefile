@@ -9,7 +9,7 @@ MAX_JOBS ?= 2
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 DEPS := $(VENV)/.deps-$(subst =,-,$(subst $() ,_,$(TORCH)))
-SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h csrc/*.cpp csrc/cpu/*.h csrc/cpu/*.cpp csrc/cuda/*.cu csrc/cuda/*.cuh)
+SOURCES := setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/include/fakequant/*.h csrc/ops/*.h csrc/ops/*.cpp csrc/cpu/*.h csrc/cpu/*.cpp csrc/cuda/*.cu csrc/cuda/*.cuh)
 
 .PHONY: build test demo bench clean
 

@@ -54,16 +54,19 @@ def extension():
     with_cuda = build_cuda()
     if os.environ.get("FAKEQUANT_WRITE_BUILD_INFO", "1") != "0":
         write_build_info(with_cuda)
-    sources = sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
+    # csrc/ops: the host functions (every build); csrc/cpu, csrc/cuda: the loops.
+    sources = sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/ops/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
     # -O3 vectorises the element loops; no -ffast-math anywhere: the contract
     # needs correctly rounded division and IEEE NaN handling.
     # -fno-trapping-math lets the compiler turn the selects of the element loop
     # into vector blends; it changes no result.
     # -ffp-contract=off: the contract rounds once per operation, never fused.
     cxx = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp"]
-    kwargs = dict(extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
+    kwargs = dict(extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"],
+                  include_dirs=[os.path.join(ROOT, "csrc", "include")])
     if with_cuda:
         sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        cxx.append("-DFAKEQUANT_WITH_CUDA")  # csrc/ops registers the host functions for CUDA too
         # No --use_fast_math: IEEE division, no flush to zero; -fmad=false so
         # that no multiply and add fuse into one rounding (the kernels also
         # spell every operation with a _rn intrinsic).
