@@ -210,6 +210,7 @@ def extension():
     kwargs = dict(include_dirs=include_dirs, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
     if WITH_CUDA:
         sources += _sources("csrc/cuda/**/*.cu") + _sources("csrc/cuda/**/*.cpp")
+        cxx.append("-DFAKEQUANT_WITH_CUDA")  # csrc/ops registers the host functions for CUDA too
         # No --use_fast_math: IEEE division, no flush to zero; -fmad=false so
         # that no multiply and add fuse into one rounding (the kernels also
         # spell every operation with a _rn intrinsic).

@@ -6,8 +6,7 @@
 
 #include <cstdint>
 
-#include "checks.h"
-#include "float_formats.h"
+#include "fakequant/contract.h"
 
 namespace {
 

@@ -3,7 +3,11 @@ obviously right, and what the tests and `python -m fakequant info` compare the o
 
     s  = scale (float32)           amax family: s = fp32(amax) / bound
     xq = rint(fp32(x) / s) + zp    IEEE division, ties to even; xq - zp exact
-    y  = dtype_of_x((clamp(xq, qmin, qmax) - zp) * s)
+    y  = dtype_of_x((clamp(xq, qmin, qmax) - zp + 0.0) * s)
+
++ 0.0: where q - zp is -0.0 (x in (-s/2, 0)) the output is +0.0, as ONNX Runtime's
+DequantizeLinear gives; the float grids (FP8, E2M1/E4M3/E5M2 blocks) keep the sign of a
+zero, as ONNX Runtime's float8 QuantizeLinear/DequantizeLinear do.
 
 float16/bfloat16 inputs compute in float32, float64 inputs in float64.
 """
@@ -45,7 +49,7 @@ def fake_quantize_affine(x, scale, zero_point, axis, quant_min, quant_max):
     r = torch.round(x.to(ct) / s)
     lo = _integer_bound(quant_min - zp, ct, up=True)
     hi = _integer_bound(quant_max - zp, ct, up=False)
-    y = (torch.minimum(torch.maximum(r, lo), hi) * s).to(x.dtype)  # NaN stays NaN
+    y = ((torch.minimum(torch.maximum(r, lo), hi) + 0.0) * s).to(x.dtype)  # NaN stays NaN; +0.0
     mask = (r >= lo) & (r <= hi)
     return y, mask
 
@@ -66,7 +70,7 @@ def _amax_common(x, amax, num_bits, unsigned, narrow_range):
     q = torch.clamp(r, qmin, bound)
     q = torch.where(zero, r.clamp(0, 0), q)  # amax ~ 0: everything to 0, NaN stays NaN
     mask = x.to(ct).abs() <= a32.to(ct)
-    return q, s, mask
+    return q + 0.0, s, mask  # +0.0 for q = -0.0
 
 
 def fake_quantize_amax(x, amax, num_bits=8, unsigned=False, narrow_range=True):
@@ -90,7 +94,7 @@ def fake_quantize_min_max(x, min_range, max_range, num_bits=8):
     first = torch.round(mn / step)
     r = torch.round(x.to(ct) / step.to(ct))
     q = torch.minimum(torch.maximum(r, first.to(ct)), (first + 2**num_bits - 1).to(ct))
-    y = (q * step.to(ct)).to(x.dtype)
+    y = ((q + 0.0) * step.to(ct)).to(x.dtype)  # +0.0 for q = -0.0
     xc = x.to(ct)
     mask = (xc >= mn.to(ct)) & (xc <= mx.to(ct))
     return y, mask
@@ -207,7 +211,7 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
         degenerate where amax <= 2^-24, s == 0 or g <= 0: outputs 0 (NaN stays NaN), mask = not NaN
     and per element, in the compute type ct:
         xs = x / s;  q = clamp(rint(xs), qmin, qmax) (integers) or round_to_format(fp32(xs)) (floats)
-        y  = dtype_of_x(q * s);  mask: the element was not saturated, i.e. qmin <= rint(xs) <= qmax
+        y  = dtype_of_x(q * s) (integers: (q + 0.0) * s, +0.0 for q = -0.0);  mask: the element was not saturated, i.e. qmin <= rint(xs) <= qmax
         (integers) or |xs| <= max + half the format's top step (floats: what rounds to +-max at most)
     (|xs| <= elem_max would drop the gradient of block maxima whose amax / fp32(amax / bound)
     rounds just above bound.) Float elements round xs in float32 even for float64 inputs, as
@@ -241,7 +245,7 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
     if exponent_bits == 0:
         bound, qmin = amax_range(num_bits, unsigned, narrow_range)
         r = torch.round(xs)
-        q = r.clamp(qmin, bound)  # NaN stays NaN
+        q = r.clamp(qmin, bound) + 0.0  # NaN stays NaN; +0.0 for q = -0.0
         inside = (r >= qmin) & (r <= bound)
     else:
         q = round_to_float_format(xs.float(), exponent_bits).to(ct)
@@ -289,6 +293,6 @@ def fake_quantize_lsq(x, scale, zero_point, axis, quant_min, quant_max, grad_fac
     hi = _integer_bound(quant_max - zp64, ct, up=False) - dzp
     v = x.to(ct) / s
     r = v + (torch.round(v) - v).detach()  # the value is round(v) exactly
-    return (torch.clamp(r, lo, hi) * s).to(x.dtype)
+    return ((torch.clamp(r, lo, hi) + 0.0) * s).to(x.dtype)  # +0.0 for q = -0.0
 
 # === end LSQ ===

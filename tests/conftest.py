@@ -11,14 +11,42 @@ def _seed():
     torch.manual_seed(0)
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t, nan):
+    """t's bit patterns as integers, NaN replaced by 0 (NaN payloads are not compared)."""
+    return t.masked_fill(nan, 0).view(_BITS[t.element_size()])
+
+
 def assert_same(actual, expected):
-    """Bit-identical values (NaN where NaN), same dtype and shape."""
+    """Bit-identical values (the sign of zero included; NaN where NaN, any payload),
+    same dtype and shape."""
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    a, e = actual.cpu(), expected.cpu()
-    assert torch.equal(a.isnan(), e.isnan())
-    ok = a.isnan() | (a == e)
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if not a.is_floating_point():
+        assert torch.equal(a, e)
+        return
+    nan = a.isnan()
+    assert torch.equal(nan, e.isnan())
+    ok = _bits(a, nan) == _bits(e, nan)
     if not bool(ok.all()):
         bad = (~ok).nonzero()[:3].tolist()
         raise AssertionError(f"{int((~ok).sum())} of {a.numel()} elements differ, e.g. at {bad}: "
                              f"{[a[tuple(i)].item() for i in bad]} vs {[e[tuple(i)].item() for i in bad]}")
+
+
+def bits_equal(a, b):
+    """torch.equal that tells -0.0 from +0.0 (and takes NaN as equal to NaN): same
+    shape, and equal values with equal signs (tensors, or arrays such as ONNX Runtime's)."""
+    a, b = torch.as_tensor(a).detach().cpu(), torch.as_tensor(b).detach().cpu()
+    if a.shape != b.shape:
+        return False
+    if not (a.is_floating_point() or b.is_floating_point()):
+        return torch.equal(a, b)
+    nan = a.isnan()
+    if not torch.equal(nan, b.isnan()):
+        return False
+    a, b = a.masked_fill(nan, 0), b.masked_fill(nan, 0)
+    return torch.equal(a, b) and torch.equal(a.signbit(), b.signbit())

@@ -11,7 +11,7 @@ import torch
 
 import fakequant
 import reference as ref
-from conftest import DEVICES, DTYPES, assert_same
+from conftest import DEVICES, DTYPES, assert_same, bits_equal
 from fakequant.ops import fake_quantize_blockwise
 
 ops = torch.ops.fakequant
@@ -66,7 +66,7 @@ def check(x, block_size, fmt, scale_amax=None):
     ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, ebits, scale_amax)
     assert_same(y, ey)
     assert mask.dtype == torch.uint8 and mask.shape == ((x.numel() + 7) // 8,)
-    assert torch.equal(fakequant.unpack_mask(mask, y), emask)
+    assert bits_equal(fakequant.unpack_mask(mask, y), emask)
     return y, mask
 
 
@@ -93,7 +93,7 @@ def test_nvfp4_as_documented(device):
     g = sa / (6.0 * 448.0)
     s = ((xb.abs().amax(-1, keepdim=True) / 6.0) / g).to(torch.float8_e4m3fn).float() * g
     q = ref.round_e2m1(xb / s)
-    assert torch.equal(y, (q * s).reshape(8, 64))
+    assert bits_equal(y, (q * s).reshape(8, 64))
     assert bool(torch.isin(q.abs(), torch.tensor(ref.E2M1_VALUES, device=device)).all())
 
 
@@ -129,7 +129,7 @@ def test_reference_e2m1_rounding_against_brute_force():
                    torch.arange(-8 * 64, 8 * 64 + 1) / 64, torch.randn(2000) * 3,
                    torch.tensor([7.0, 1e30, 0.0, -0.0, 1e-40])])
     v = torch.cat([v, -v])
-    assert torch.equal(ref.round_e2m1(v), _e2m1_brute_force(v))
+    assert bits_equal(ref.round_e2m1(v), _e2m1_brute_force(v))
     expected_ties = {0.25: 0.0, 0.75: 1.0, 1.25: 1.0, 1.75: 2.0, 2.5: 2.0, 3.5: 4.0, 5.0: 4.0}
     for t, e in expected_ties.items():
         assert ref.round_e2m1(torch.tensor([t, -t])).tolist() == [e, -e]
@@ -151,7 +151,7 @@ def test_float_elements_round_every_midpoint(device, ebits):
     expected = ref.round_to_float_format(v, ebits)
     assert_same(y, expected)
     if ebits == 2:
-        assert torch.equal(y.cpu(), _e2m1_brute_force(v.cpu()))
+        assert bits_equal(y.cpu(), _e2m1_brute_force(v.cpu()))
 
 
 # --- special values -----------------------------------------------------------------
@@ -401,7 +401,7 @@ def test_torch_compile_fullgraph(device):
     gx_c, gw_c = torch.autograd.grad(out_c, (x, w))
     out_e = step(x, w)
     gx_e, gw_e = torch.autograd.grad(out_e, (x, w))
-    assert torch.equal(out_c, out_e) and torch.equal(gx_c, gx_e) and torch.equal(gw_c, gw_e)
+    assert bits_equal(out_c, out_e) and bits_equal(gx_c, gx_e) and bits_equal(gw_c, gw_e)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -456,7 +456,7 @@ def test_cuda_equals_cpu(dtype, fmt):
             yg, mg = ops.fake_quantize_blockwise(x.cuda(), block_size, num_bits, unsigned, narrow, ebits,
                                                  None if sa is None else sa.cuda())
             assert_same(yg.cpu(), yc)
-            assert mg.shape == mc.shape and torch.equal(mg.cpu(), mc), (shape, block_size)
+            assert mg.shape == mc.shape and bits_equal(mg.cpu(), mc), (shape, block_size)
 
 
 @cuda
@@ -469,7 +469,7 @@ def test_cuda_layouts_misaligned_and_offset_views():
             yg, mg = ops.fake_quantize_blockwise(x, block_size, 8, False, True, 0, None)
             assert yg.stride() == yc.stride()
             assert_same(yg.cpu(), yc)
-            assert torch.equal(mg.cpu(), mc)
+            assert bits_equal(mg.cpu(), mc)
 
 
 @cuda

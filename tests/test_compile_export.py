@@ -20,6 +20,7 @@ import fakequant
 from fakequant import nn as quant_nn
 from fakequant.nn import TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor
+from conftest import bits_equal  # noqa: E402
 
 SLOW = os.environ.get("FAKEQUANT_SLOW_TESTS") == "1"
 
@@ -134,7 +135,7 @@ def test_every_quantizer_configuration_compiles_fullgraph(desc):
     compiled = torch.compile(q, fullgraph=True, backend="aot_eager")
     out = compiled(x)
     (g_out,) = torch.autograd.grad(out.sum(), x)
-    assert torch.equal(out, eager) and torch.equal(g_out, g_eager)
+    assert bits_equal(out, eager) and bits_equal(g_out, g_eager)
 
 
 def test_compiled_training_matches_eager_bit_for_bit():
@@ -144,11 +145,11 @@ def test_compiled_training_matches_eager_bit_for_bit():
     data = batches(3)
     losses_eager = train(eager, eager, data)
     losses_compiled = train(compiled_model, compiled, data)
-    assert torch.equal(losses_eager, losses_compiled)
+    assert bits_equal(losses_eager, losses_compiled)
     sd_e, sd_c = eager.state_dict(), compiled_model.state_dict()
     assert sd_e.keys() == sd_c.keys()
     for k in sd_e:
-        assert torch.equal(sd_e[k], sd_c[k]), k
+        assert bits_equal(sd_e[k], sd_c[k]), k
     # the learned clip range moved, and identically
     assert eager.fc.input_quantizer.clip.clip_value_max.item() != 4.0
 
@@ -159,7 +160,7 @@ def test_compiled_dynamic_batch_size():
     with torch.no_grad():
         for n in (2, 5, 7):
             x = torch.randn(n, 3, 16, 16)
-            assert torch.equal(compiled(x), model(x))
+            assert bits_equal(compiled(x), model(x))
 
 
 @pytest.mark.skipif(not SLOW, reason="inductor compiles C++ for about a minute: FAKEQUANT_SLOW_TESTS=1 (make check)")
@@ -194,14 +195,14 @@ def test_export():
     with torch.no_grad():
         for n in (1, 4, 9):
             xn = torch.randn(n, 3, 16, 16)
-            assert torch.equal(ep.module()(xn), model(xn))
+            assert bits_equal(ep.module()(xn), model(xn))
     # The exported program saves and loads (the operators are registered by `import fakequant`).
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     buf.seek(0)
     loaded = torch.export.load(buf)
     with torch.no_grad():
-        assert torch.equal(loaded.module()(x), model(x))
+        assert bits_equal(loaded.module()(x), model(x))
 
 
 def test_export_training_graph():
@@ -211,7 +212,7 @@ def test_export_training_graph():
     x = torch.randn(4, 3, 16, 16)
     reference = copy.deepcopy(model)(x)
     ep = torch.export.export(model, (x,))
-    assert torch.equal(ep.module()(x), reference)
+    assert bits_equal(ep.module()(x), reference)
 
 
 def test_quant_lstm_compiles_with_allow_rnn():
@@ -221,7 +222,7 @@ def test_quant_lstm_compiles_with_allow_rnn():
     x = torch.randn(2, 3, 4)
     with torch._dynamo.config.patch(allow_rnn=True):
         out = torch.compile(lstm, fullgraph=True, backend="aot_eager")(x)[0]
-    assert torch.equal(out, lstm(x)[0])
+    assert bits_equal(out, lstm(x)[0])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -9,7 +9,7 @@ import torch
 
 import fakequant
 import reference as ref
-from conftest import DEVICES, DTYPES
+from conftest import DEVICES, DTYPES, bits_equal
 from fakequant import tensor_quant
 from fakequant.ops import fake_quantize_fp8, fp8_max
 
@@ -24,7 +24,7 @@ def assert_bits(actual, expected):
     """Bit-identical (the sign of zero included), NaN where NaN; same dtype and shape."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     nan = actual.isnan()
-    assert torch.equal(nan, expected.isnan())
+    assert bits_equal(nan, expected.isnan())
     a = actual.masked_fill(nan, 0).contiguous().view(BITS[actual.dtype])
     e = expected.masked_fill(nan, 0).contiguous().view(BITS[expected.dtype])
     if not torch.equal(a, e):
@@ -40,7 +40,7 @@ def check(x, amax, fmt):
     assert y.stride() == torch.empty_like(x).stride()
     assert packed.dtype == torch.uint8 and packed.shape == ((x.numel() + 7) // 8,)
     mask = fakequant.unpack_mask(packed, y)
-    assert torch.equal(mask, emask.expand_as(mask))
+    assert bits_equal(mask, emask.expand_as(mask))
     return y, mask
 
 
@@ -113,7 +113,7 @@ def test_exact_ties_round_half_to_even(device, dtype, fmt):
     v = fp8_values(fmt)
     mid = (v[1:] + v[:-1]) / 2
     x = (mid * s).to(dtype)
-    assert torch.equal(x.double(), mid * s), "midpoints must be exact in the dtype"
+    assert bits_equal(x.double(), mid * s), "midpoints must be exact in the dtype"
     codes = mid.float().to(FP8_DTYPE[fmt]).view(torch.uint8)  # torch's rounding of each tie
     assert bool((codes % 2 == 0).all()), "ties go to even codes"
     amax = torch.tensor(fmax * s, device=device)
@@ -362,7 +362,7 @@ def test_scaled_e4m3_backward_and_function_protocol(device):
     amax = torch.tensor(2.0, device=device)
     inside = x.detach().abs() <= 2.0
     (g,) = torch.autograd.grad(tensor_quant.scaled_e4m3(x, amax).sum(), x)
-    assert torch.equal(g, inside.float())
+    assert bits_equal(g, inside.float())
     # forward/backward of the Function itself (as a tracer would use them)
     apply = torch.autograd.Function.apply.__func__
     y = apply(tensor_quant.ScaledE4M3Function, x, amax, 4, 3)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import fakequant
 import reference as ref
-from conftest import DEVICES, assert_same
+from conftest import DEVICES, assert_same, bits_equal
 from fakequant import tensor_quant
 from fakequant.tensor_quant import QuantDescriptor
 from fakequant.utils import reduce_amax
@@ -408,9 +408,9 @@ def test_fuzz_affine(case, pack, wrapper):
     if mask is not None:
         if pack:
             assert mask.dtype == torch.uint8 and mask.shape == ((x.numel() + 7) // 8,)
-            assert torch.equal(fakequant.unpack_mask(mask, y).cpu(), emask.cpu())
+            assert bits_equal(fakequant.unpack_mask(mask, y).cpu(), emask.cpu())
         else:
-            assert mask.dtype == torch.bool and torch.equal(mask.cpu(), emask.cpu())
+            assert mask.dtype == torch.bool and bits_equal(mask.cpu(), emask.cpu())
     if wrapper == "affine" and x.numel() < 2000:
         grad_check(lambda t: fakequant.fake_quantize_affine(t, scale, zp, axis, qmin, qmax), x, emask)
 
@@ -522,7 +522,7 @@ def test_fuzz_amax(case, wrapper):
     assert_same(y, ey)
     check_layout(y, x)
     if wrapper in ("op", "quantize_op"):
-        assert torch.equal(fakequant.unpack_mask(second, y).cpu(), emask.cpu())
+        assert bits_equal(fakequant.unpack_mask(second, y).cpu(), emask.cpu())
     elif wrapper in ("quantize_amax", "tensor_quant"):
         assert_same(second, escale.to(x.dtype) if wrapper == "tensor_quant" else escale)
     if wrapper in ("fake_quantize_amax", "pass_through") and x.numel() < 2000:
@@ -596,7 +596,7 @@ def test_fuzz_min_max(case, wrapper):
     assert_same(y, ey)
     check_layout(y, x)
     if mask is not None:
-        assert torch.equal(fakequant.unpack_mask(mask, y).cpu(), emask.cpu())
+        assert bits_equal(fakequant.unpack_mask(mask, y).cpu(), emask.cpu())
     elif x.numel() < 2000:
         grad_check(lambda t: fakequant.fake_quantize_min_max(t, lo, hi, num_bits), x, emask)
 
@@ -660,7 +660,7 @@ def test_fuzz_fake_quant_onnxruntime_contract(x, data):
     y, mask = fakequant.fake_quant(x, scale, zp, qmin, qmax)
     ey, emask = ref.fake_quantize_affine(x, torch.tensor(scale, dtype=torch.float32), zp, None, qmin, qmax)
     assert_same(y, ey)
-    assert mask.dtype == torch.bool and torch.equal(mask.cpu(), emask.cpu())
+    assert mask.dtype == torch.bool and bits_equal(mask.cpu(), emask.cpu())
     dy = torch.randn(x.shape, dtype=torch.float64).to(x.device, x.dtype)
     assert_same(fakequant.fake_quant_grad(dy, mask), torch.where(emask, dy, torch.zeros_like(dy)))
 
@@ -762,7 +762,7 @@ def test_fuzz_fp8(x, fmt, amax, per_channel):
     ey, emask = ref.fake_quantize_fp8(x, a, *fmt)
     assert_same(y, ey)
     check_layout(y, x)
-    assert torch.equal(fakequant.unpack_mask(mask, y), emask)
+    assert bits_equal(fakequant.unpack_mask(mask, y), emask)
 
 
 @given(x=tensors(modes=("normal", "grid", "special")), block_size=st.sampled_from([1, 3, 16, 32, 100]),
@@ -777,7 +777,7 @@ def test_fuzz_blockwise(x, block_size, elements, scale_amax):
     y, mask = ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa)
     ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa)
     assert_same(y, ey)
-    assert torch.equal(fakequant.unpack_mask(mask, y), emask)
+    assert bits_equal(fakequant.unpack_mask(mask, y), emask)
 
 
 @given(x=tensors(modes=("normal", "grid")), data=st.data())

@@ -17,6 +17,7 @@ from fakequant import nn as quant_nn  # noqa: E402
 from fakequant.nn import TensorQuantizer  # noqa: E402
 from fakequant.onnx import ExportWarning  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
+from conftest import bits_equal  # noqa: E402
 
 EXPORTERS = ["torchscript", "dynamo"]
 
@@ -59,7 +60,7 @@ def test_narrow_range_clip_can_be_dropped_for_tensorrt(exporter, tmp_path):
 
     proto, got, caught = export_and_run(q, x, exporter, 17, tmp_path / "exact.onnx")
     assert "Clip" in op_types(proto) and not caught
-    assert np.array_equal(got, expected)
+    assert bits_equal(got, expected)
 
     # torch.onnx.export itself: the dynamo exporter takes fakequant's translations as a table
     table = {"custom_translation_table": fakequant.onnx.custom_translation_table()} if exporter == "dynamo" else {}
@@ -69,9 +70,10 @@ def test_narrow_range_clip_can_be_dropped_for_tensorrt(exporter, tmp_path):
     assert op_types(proto).count("Clip") == 0
     assert len(caught) == 1 and "clip_narrow_range=False" in caught[0] and "-128" in caught[0]
     differ = got != expected
+    assert bits_equal(got[~differ], expected[~differ])  # the sign of zero too
     # Only where x / s rounds to -128 does the graph differ: -128 s instead of -127 s.
-    assert np.array_equal(differ, (x / s).round().numpy() <= -128)
-    assert np.array_equal(got[differ], np.full(differ.sum(), (-128 * s).item(), np.float32))
+    assert bits_equal(differ, (x / s).round().numpy() <= -128)
+    assert bits_equal(got[differ], np.full(differ.sum(), (-128 * s).item(), np.float32))
 
 
 # --- dynamic amax ---------------------------------------------------------------------------------
@@ -82,7 +84,7 @@ def test_narrow_range_clip_can_be_dropped_for_tensorrt(exporter, tmp_path):
 def test_dynamic_amax_exports_a_computed_scale_with_a_warning(exporter, axis, tmp_path):
     q = quantizer(dynamic=True, axis=axis)
     proto, got, caught = export_and_run(q, X, exporter, 17, tmp_path / "m.onnx")
-    assert np.array_equal(got, q(X).numpy())
+    assert bits_equal(got, q(X).numpy())
     assert op_types(proto).count("QuantizeLinear") == 1 and "ReduceMax" in op_types(proto)
     assert len(caught) == 1 and "TensorRT" in caught[0] and "constant scales" in caught[0]
 
@@ -111,7 +113,7 @@ def test_ranges_without_a_qdq_type_export_exactly(name, desc, dtype, exporter, o
     if q.amax is None:  # calibrate the blocks
         q.enable_calib(), q.disable_quant(), q(x), q.load_calib_amax(), q.disable_calib(), q.enable_quant()
     proto, got, caught = export_and_run(q, x, exporter, opset, tmp_path / "m.onnx")
-    assert np.array_equal(got, q(x).numpy())
+    assert bits_equal(got, q(x).numpy())
     assert ("QuantizeLinear" in op_types(proto)) == qdq, op_types(proto)
     if warning is None:
         assert not caught
@@ -133,7 +135,7 @@ def test_learned_amax_exports_a_constant_scale(exporter, tmp_path):
         q.clip.clip_value_min.fill_(-1.7)
         q.clip.clip_value_max.fill_(2.3)
     proto, got, caught = export_and_run(q, X, exporter, 17, tmp_path / "m.onnx")
-    assert np.array_equal(got, q(X).detach().numpy()) and not caught
+    assert bits_equal(got, q(X).detach().numpy()) and not caught
     producers = {o: n for n in proto.graph.node for o in n.output}
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
     (qnode,) = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
@@ -178,7 +180,7 @@ class _BFloat16(torch.nn.Module):
 def test_bfloat16_computes_in_float32(exporter, tmp_path):
     m = _BFloat16(quantizer(axis=1, amax=torch.tensor([[[1.0], [2.0], [3.0], [4.0]]])))
     proto, got, caught = export_and_run(m, X, exporter, 19, tmp_path / "m.onnx")
-    assert np.array_equal(got, m(X).numpy()) and not caught
+    assert bits_equal(got, m(X).numpy()) and not caught
 
 
 # --- switches ----------------------------------------------------------------------------------
@@ -194,7 +196,7 @@ def test_use_fb_fake_quant_is_not_used_during_export(tmp_path):
     finally:
         TensorQuantizer.use_fb_fake_quant = saved
     assert "Clip" in op_types(proto)  # fakequant's narrow range, not torch's full range
-    assert np.array_equal(got, expected)
+    assert bits_equal(got, expected)
 
 
 def test_enable_onnx_export_restores_everything_when_the_export_raises():
@@ -231,7 +233,7 @@ def test_dynamo_translations_are_registered_and_available_as_a_table(tmp_path):
     q = quantizer(amax=2.0)
     proto, got, _ = export_and_run(q, X, "dynamo", 18, tmp_path / "m.onnx", export=torch.onnx.export,
                                    custom_translation_table=table)
-    assert np.array_equal(got, q(X).numpy())
+    assert bits_equal(got, q(X).numpy())
     assert fakequant.onnx.register() == table  # register() hands out the same table
 
 

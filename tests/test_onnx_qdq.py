@@ -20,6 +20,7 @@ import fakequant  # noqa: E402
 from fakequant.nn import TensorQuantizer  # noqa: E402
 from fakequant.onnx import ExportWarning  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
+from conftest import bits_equal  # noqa: E402
 
 EXPORTERS = ["torchscript", "dynamo"]
 OPSETS = [13, 17, 19, 20, 21]  # 20: torch's default
@@ -184,8 +185,8 @@ def test_onnxruntime_equals_pytorch_bit_for_bit(exported, exporter, opset, dtype
     for n, (x, got, expected) in enumerate(art.results):
         assert got[i].dtype == expected[i].dtype
         assert got[i].shape == expected[i].shape
-        # Equal as numbers (ONNX Runtime writes +0 where PyTorch may write -0).
-        bad = got[i] != expected[i]
+        # Bit for bit: equal numbers with the same sign (ONNX Runtime writes +0.0 for q = 0).
+        bad = (got[i] != expected[i]) | (np.signbit(got[i]) != np.signbit(expected[i]))
         assert not bad.any(), (
             f"{case}, input {n}: {int(bad.sum())} differences, e.g. x={x.numpy()[bad][:4]} "
             f"onnxruntime={got[i][bad][:4]} pytorch={expected[i][bad][:4]}")
@@ -265,7 +266,7 @@ def test_graph_is_qdq_with_the_exact_scale(exported, exporter, opset, dtype_name
     else:
         assert "DequantizeLinear" in types
         dq = chain[types.index("DequantizeLinear")]
-        assert dq.input[1] == q.input[1] or np.array_equal(graph.value(dq.input[1]), graph.value(q.input[1]))
+        assert dq.input[1] == q.input[1] or bits_equal(graph.value(dq.input[1]), graph.value(q.input[1]))
     scale = graph.value(q.input[1])
     assert scale.dtype == np.float32
     assert scale.shape == (() if c.axis is None else (C,))
@@ -280,7 +281,7 @@ def test_graph_is_qdq_with_the_exact_scale(exported, exporter, opset, dtype_name
         expected_zp = 0 if c.zero_point is None else np.asarray(c.zero_point)
         if case == "min_max":
             expected_zp = 96  # -rint(-1.5 / step)
-        assert np.array_equal(zp.astype(np.int64), np.broadcast_to(expected_zp, zp.shape))
+        assert bits_equal(zp.astype(np.int64), np.broadcast_to(expected_zp, zp.shape))
     else:
         assert ONNX_TYPES[_attr(q, "output_dtype")] == qtype
     lo, hi = {INT8: (-128, 127), UINT8: (0, 255), INT4: (-8, 7), UINT4: (0, 15)}[qtype]

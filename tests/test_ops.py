@@ -7,7 +7,7 @@ import torch
 
 import fakequant
 import reference as ref
-from conftest import DEVICES, DTYPES, assert_same
+from conftest import DEVICES, DTYPES, assert_same, bits_equal
 
 ops = torch.ops.fakequant
 
@@ -37,7 +37,7 @@ def test_affine_per_tensor(device, dtype, qmin, qmax, zp):
     ey, emask = ref.fake_quantize_affine(x, scale, zero_point, None, qmin, qmax)
     assert_same(y, ey)
     assert mask.dtype == torch.uint8 and mask.shape == ((x.numel() + 7) // 8,)
-    assert torch.equal(mask_of(mask, y), emask)
+    assert bits_equal(mask_of(mask, y), emask)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -51,7 +51,7 @@ def test_affine_per_channel(device, dtype, axis):
     y, mask = ops.fake_quantize_affine(x, scale, zero_point, axis, -128, 127)
     ey, emask = ref.fake_quantize_affine(x, scale, zero_point, axis % x.dim(), -128, 127)
     assert_same(y, ey)
-    assert torch.equal(mask_of(mask, y), emask)
+    assert bits_equal(mask_of(mask, y), emask)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -76,11 +76,11 @@ def test_affine_exact_ties_round_half_to_even(device, dtype):
         x, torch.tensor([s], device=device), torch.tensor([0], device=device), None, -128, 127
     )
     expected_q = torch.clamp(torch.round(k + 0.5), -128, 127)  # half to even
-    assert torch.equal(y.double().cpu(), expected_q * s)
+    assert bits_equal(y.double().cpu(), (expected_q + 0.0) * s)  # +0.0 where q is -0.0
     assert_same(y, ref.fake_quantize_affine(x, s, 0, None, -128, 127)[0])
-    assert torch.equal(mask_of(mask, y).cpu(), (torch.round(k + 0.5) >= -128) & (torch.round(k + 0.5) <= 127))
+    assert bits_equal(mask_of(mask, y).cpu(), (torch.round(k + 0.5) >= -128) & (torch.round(k + 0.5) <= 127))
     # 2.5 -> 2, 3.5 -> 4, -2.5 -> -2
-    assert torch.equal(torch.round(torch.tensor([2.5, 3.5, -2.5])), torch.tensor([2.0, 4.0, -2.0]))
+    assert bits_equal(torch.round(torch.tensor([2.5, 3.5, -2.5])), torch.tensor([2.0, 4.0, -2.0]))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -93,7 +93,7 @@ def test_affine_ties_any_scale(device, dtype):
     y, mask = ops.fake_quantize_affine(x, torch.tensor([s], device=device), torch.tensor([0], device=device), None, -128, 127)
     ey, emask = ref.fake_quantize_affine(x, s, 0, None, -128, 127)
     assert_same(y, ey)
-    assert torch.equal(mask_of(mask, y), emask)
+    assert bits_equal(mask_of(mask, y), emask)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -118,7 +118,7 @@ def test_affine_range_wider_than_float32(device, zp):
     x = torch.tensor([62131.7344, 66135.2188], device=device)
     y, _ = ops.fake_quantize_affine(x, s, z, None, -(2**31), 2**31 - 1, False)
     r = torch.round(x / s)
-    assert torch.equal(y, r * s)
+    assert bits_equal(y, r * s)
     # quant_min - zp = -2^26 - 3 - zp is not a float32 value: x on either side of it.
     qmin, qmax = -(2**26) - 3, 2**26 + 3
     lo, hi = qmin - zp, qmax - zp
@@ -126,12 +126,12 @@ def test_affine_range_wider_than_float32(device, zp):
     x = (edges * 1e-3).to(torch.float32).to(device)
     y, mask = ops.fake_quantize_affine(x, s, z, None, qmin, qmax, False)
     r = torch.round(x / s).double()
-    assert torch.equal(mask, (r >= lo) & (r <= hi))
+    assert bits_equal(mask, (r >= lo) & (r <= hi))
     q = (y / s).double()
     assert bool(((q >= lo) & (q <= hi)).all())  # clamped values stay inside the range
     ey, emask = ref.fake_quantize_affine(x, s, z, None, qmin, qmax)
     assert_same(y, ey)
-    assert torch.equal(mask, emask)
+    assert bits_equal(mask, emask)
 
 
 def _layouts(device, dtype):
@@ -154,7 +154,7 @@ def test_affine_layouts(device, dtype, axis):
         y, mask = ops.fake_quantize_affine(x, scale, zp, axis, -128, 127)
         ey, emask = ref.fake_quantize_affine(x, scale, zp, axis, -128, 127)
         assert_same(y, ey)
-        assert torch.equal(mask_of(mask, y), emask), name
+        assert bits_equal(mask_of(mask, y), emask), name
         if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
             assert y.is_contiguous(memory_format=torch.channels_last), "output keeps channels_last"
         if name == "transposed":
@@ -202,7 +202,7 @@ def test_amax_per_tensor(device, dtype, num_bits, unsigned, narrow):
         y, mask = fn(x, amax, num_bits, unsigned, narrow)
         ey, emask = rfn(x, amax, num_bits, unsigned, narrow)
         assert_same(y, ey)
-        assert torch.equal(mask_of(mask, y), emask)
+        assert bits_equal(mask_of(mask, y), emask)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -219,7 +219,7 @@ def test_amax_broadcast_shapes(device, dtype, amax_shape):
     y, mask = ops.fake_quantize_amax(x, amax, 8, False, True)
     ey, emask = ref.fake_quantize_amax(x, amax, 8, False, True)
     assert_same(y, ey)
-    assert torch.equal(mask_of(mask, y), emask)
+    assert bits_equal(mask_of(mask, y), emask)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -230,7 +230,7 @@ def test_amax_elementwise_on_transposed_input(device):
     y, mask = ops.fake_quantize_amax(x, amax, 8, False, False)
     ey, emask = ref.fake_quantize_amax(x, amax, 8, False, False)
     assert_same(y, ey)
-    assert torch.equal(mask_of(mask, y), emask)
+    assert bits_equal(mask_of(mask, y), emask)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -265,7 +265,7 @@ def test_amax_exact_ties(device, dtype):
     k = torch.arange(-130, 130, dtype=torch.float64)
     x = ((k + 0.5) * s).to(device, dtype)
     y, _ = ops.fake_quantize_amax(x, torch.tensor(127 * s, device=device), 8, False, False)
-    assert torch.equal(y.double().cpu(), torch.clamp(torch.round(k + 0.5), -128, 127) * s)
+    assert bits_equal(y.double().cpu(), (torch.clamp(torch.round(k + 0.5), -128, 127) + 0.0) * s)
 
 
 # --- min/max --------------------------------------------------------------------
@@ -281,14 +281,14 @@ def test_min_max(device, dtype, num_bits):
         y, mask = ops.fake_quantize_min_max(x, mn, mx, num_bits)
         ey, emask = ref.fake_quantize_min_max(x, mn, mx, num_bits)
         assert_same(y, ey)
-        assert torch.equal(mask_of(mask, y), emask)
+        assert bits_equal(mask_of(mask, y), emask)
     # per-row ranges, broadcast
     mn = -torch.rand(6, 1, device=device) - 0.5
     mx = torch.rand(1, 1, device=device) + 0.5
     y, mask = ops.fake_quantize_min_max(x, mn, mx, num_bits)
     ey, emask = ref.fake_quantize_min_max(x, mn, mx, num_bits)
     assert_same(y, ey)
-    assert torch.equal(mask_of(mask, y), emask)
+    assert bits_equal(mask_of(mask, y), emask)
 
 
 # --- backward ---------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_backward_expanded_grad(device):
     x = random_input((4, 6, 5, 7), torch.float32, device).to(memory_format=torch.channels_last).requires_grad_()
     y = fakequant.fake_quantize_amax(x, 2.0)
     y.sum().backward()
-    assert torch.equal(x.grad, ref.fake_quantize_amax(x.detach(), 2.0)[1].float())
+    assert bits_equal(x.grad, ref.fake_quantize_amax(x.detach(), 2.0)[1].float())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -381,7 +381,7 @@ def test_drop_in_per_tensor_matches_torch(device, dtype):
     gt, = torch.autograd.grad(t.sum(), x)
     assert float((gy != gt).float().mean()) < 0.01
     y2 = fakequant.fake_quantize_per_tensor_affine(x, torch.tensor(scale, device=device), torch.tensor(zp, device=device), -128, 127)
-    assert torch.equal(y, y2)
+    assert bits_equal(y, y2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -404,7 +404,7 @@ def test_onnxruntime_training_contract(device, dtype):
     ey, emask = ref.fake_quantize_affine(x, 0.05, 3, None, -128, 127)
     assert mask.dtype == torch.bool and mask.shape == x.shape
     assert_same(y, ey)
-    assert torch.equal(mask, emask)
+    assert bits_equal(mask, emask)
     dy = random_input((5, 9), dtype, device)
     assert_same(fakequant.fake_quant_grad(dy, mask), torch.where(emask, dy, torch.zeros_like(dy)))
 
@@ -414,7 +414,7 @@ def test_affine_wrapper_is_differentiable(device):
     x = torch.linspace(-3, 3, 13, device=device, requires_grad=True)
     y = fakequant.fake_quantize_affine(x, 0.02, 0, None, -128, 127)
     (g,) = torch.autograd.grad(y.sum(), x)
-    assert torch.equal(g, ref.fake_quantize_affine(x.detach(), 0.02, 0, None, -128, 127)[1].float())
+    assert bits_equal(g, ref.fake_quantize_affine(x.detach(), 0.02, 0, None, -128, 127)[1].float())
 
 
 def _available_memory_bytes():
@@ -442,7 +442,36 @@ def test_more_than_2_to_31_elements():
     assert not bool(y[: 2**20].any())
     bits = ((mask[-2:].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()
     # n % 8 == 5: the last byte holds the last 5 elements, the byte before the 8 ahead of them
-    assert torch.equal(bits[:13], emask)
+    assert bits_equal(bits[:13], emask)
     del y
     g = ops.mask_backward(x, mask)
     assert_same(g[-13:], torch.where(emask, tail, torch.zeros_like(tail)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_integer_grids_give_positive_zero(device, dtype):
+    """x in (-s/2, 0] rounds to q = -0.0; ONNX Runtime's DequantizeLinear gives +0.0 for
+    it, and so does every op with an integer grid. The float grids (FP8, float blocks)
+    keep the sign of a zero, as ONNX Runtime's float8 QuantizeLinear/DequantizeLinear do."""
+    x = torch.tensor([-0.0, -1e-3, -0.04, 0.0, 1e-3], dtype=dtype, device=device)  # s = 0.1
+    s, z = torch.tensor([0.1], device=device), torch.tensor([0], device=device)
+    amax = torch.tensor(12.7, device=device)
+    block = torch.cat([x, torch.tensor([12.7], dtype=dtype, device=device)])  # its amax gives s = 0.1
+    outputs = {
+        "affine": ops.fake_quantize_affine(x, s, z, None, -128, 127)[0],
+        "affine, bool mask": ops.fake_quantize_affine(x, s, z, None, -128, 127, False)[0],
+        "amax": ops.fake_quantize_amax(x, amax, 8, False, True)[0],
+        "amax 0": ops.fake_quantize_amax(x, torch.tensor(0.0, device=device), 8, False, True)[0],
+        "quantize_amax": ops.quantize_amax(x, amax, 8, False, True)[0],
+        "min_max": ops.fake_quantize_min_max(x, torch.tensor(-12.8, device=device),
+                                             torch.tensor(12.7, device=device), 8)[0],
+        "lsq": ops.fake_quantize_lsq(x, s, z, None, -128, 127, 1.0),
+        "blockwise int8": ops.fake_quantize_blockwise(block, 6, 8, False, True, 0, None)[0][:-1],
+    }
+    for name, y in outputs.items():
+        assert bool((y == 0).all()) and not bool(y.signbit().any()), (name, y)
+    tiny = torch.tensor([-1e-6, -0.0, 1e-6], dtype=dtype, device=device)
+    for fmt, fmax in (((4, 3), 448.0), ((5, 2), 57344.0)):  # s = 1
+        y = ops.fake_quantize_fp8(tiny, torch.tensor(fmax, device=device), *fmt)[0]
+        assert bool((y == 0).all()) and y.signbit().tolist() == [True, True, False], (fmt, y)

@@ -13,6 +13,7 @@ from fakequant.optim import helper
 from fakequant.tensor_quant import QuantDescriptor
 
 import reference
+from conftest import bits_equal  # noqa: E402
 
 
 def small_net():
@@ -131,10 +132,10 @@ def test_calibrate_max_and_histogram():
     net.train()
     running_mean = net[1].running_mean.clone()
     fakequant.calibrate(net, data, num_batches=3, method="percentile", percentile=99.9, progress=False)
-    assert net.training and torch.equal(net[1].running_mean, running_mean)  # ran in eval mode
+    assert net.training and bits_equal(net[1].running_mean, running_mean)  # ran in eval mode
     for q in quantizers(net):
         assert q.amax is not None and q._if_quant and not q._if_calib and not q._disabled
-    assert torch.equal(net[0].weight_quantizer.amax, net[0].weight.detach().abs().amax((1, 2, 3), keepdim=True))
+    assert bits_equal(net[0].weight_quantizer.amax, net[0].weight.detach().abs().amax((1, 2, 3), keepdim=True))
     first_batches = torch.cat([d[0] for d in data[:3]])
     assert net[0].input_quantizer.amax.item() < first_batches.abs().max().item()
     net(torch.randn(2, 3, 8, 8)).sum().backward()  # QAT step after calibration
@@ -226,7 +227,7 @@ def test_state_dict_round_trip_of_calibrated_model():
     buf.seek(0)
     fresh.load_state_dict(torch.load(buf, map_location="cpu"))
     x = torch.randn(2, 3, 8, 8)
-    assert torch.equal(fresh(x), net(x))
+    assert bits_equal(fresh(x), net(x))
     assert set(fresh.state_dict()) == set(net.state_dict())
 
 
@@ -309,9 +310,9 @@ def test_pytorch_quantization_import_paths():
 def test_reduce_amax():
     x = torch.randn(3, 4, 5)
     assert utils.reduce_amax(x).shape == () and utils.reduce_amax(x) == x.abs().max()
-    assert torch.equal(utils.reduce_amax(x, axis=(0, 2)), x.abs().amax((0, 2), keepdim=True))
-    assert torch.equal(utils.reduce_amax(x, axis=1, keepdims=False), x.abs().amax(1))
-    assert torch.equal(utils.reduce_amax(x, axis=-1), x.abs().amax(-1, keepdim=True))
+    assert bits_equal(utils.reduce_amax(x, axis=(0, 2)), x.abs().amax((0, 2), keepdim=True))
+    assert bits_equal(utils.reduce_amax(x, axis=1, keepdims=False), x.abs().amax(1))
+    assert bits_equal(utils.reduce_amax(x, axis=-1), x.abs().amax(-1, keepdim=True))
     with pytest.raises(ValueError, match="out of range"):
         utils.reduce_amax(x, axis=3)
     with pytest.raises(TypeError, match="axis"):
@@ -331,7 +332,7 @@ def test_optim_helpers():
     net[0].weight_quantizer.amax = net[0].weight.detach().abs().amax((1, 2, 3), keepdim=True)
     expected = net[0].weight_quantizer(net[0].weight).detach()
     helper.quant_weight_inplace(net)
-    assert torch.equal(net[0].weight.detach(), expected)
+    assert bits_equal(net[0].weight.detach(), expected)
 
 
 def test_pytorch_quantization_tutorial_flow():

@@ -10,7 +10,7 @@ from fakequant.nn import TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor
 
 import reference
-from conftest import DEVICES, DTYPES
+from conftest import DEVICES, DTYPES, bits_equal
 
 
 def desc(**kwargs):
@@ -32,7 +32,7 @@ def test_static_per_channel_and_narrow_unsigned(device):
     q = TensorQuantizer(desc(num_bits=4, axis=0, amax=amax, unsigned=True, narrow_range=True)).to(device)
     x = torch.rand(3, 2, 6, device=device) * 4
     ref, _ = reference.fake_quantize_amax(x, amax.to(device), 4, True, True)
-    assert torch.equal(q(x), ref)
+    assert bits_equal(q(x), ref)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -41,31 +41,31 @@ def test_dynamic_amax_per_tensor_and_axis(device):
     q = TensorQuantizer(desc(num_bits=8)).to(device)
     assert q.amax is None
     ref, _ = reference.fake_quantize_amax(x, x.abs().max(), 8, False, False)
-    assert torch.equal(q(x), ref)
+    assert bits_equal(q(x), ref)
     q1 = TensorQuantizer(desc(num_bits=8, axis=1))
     amax = x.abs().amax(dim=0, keepdim=True)
-    assert torch.equal(q1(x), reference.fake_quantize_amax(x, amax, 8, False, False)[0])
+    assert bits_equal(q1(x), reference.fake_quantize_amax(x, amax, 8, False, False)[0])
     q2 = TensorQuantizer(desc(num_bits=8, axis=-1))  # negative axes name the same axis
-    assert torch.equal(q2(x), q1(x))
+    assert bits_equal(q2(x), q1(x))
 
 
 def test_dynamic_descriptor_ignores_stored_amax():
     x = torch.randn(100) * 3
     q = TensorQuantizer(desc(amax=0.1, dynamic=True))
-    assert torch.equal(q(x), reference.fake_quantize_amax(x, x.abs().max(), 8, False, False)[0])
+    assert bits_equal(q(x), reference.fake_quantize_amax(x, x.abs().max(), 8, False, False)[0])
 
 
 def test_scale_amax():
     x = torch.randn(50)
     q = TensorQuantizer(desc(amax=2.0, scale_amax=0.5))
-    assert torch.equal(q(x), reference.fake_quantize_amax(x, torch.tensor(1.0), 8, False, False)[0])
+    assert bits_equal(q(x), reference.fake_quantize_amax(x, torch.tensor(1.0), 8, False, False)[0])
 
 
 def test_gradient_clipped_ste():
     q = TensorQuantizer(desc(amax=1.0))
     x = torch.linspace(-2, 2, 41, requires_grad=True)
     q(x).sum().backward()
-    assert torch.equal(x.grad, (x.detach().abs() <= 1.0).float())
+    assert bits_equal(x.grad, (x.detach().abs() <= 1.0).float())
 
 
 def test_switches():
@@ -76,11 +76,11 @@ def test_switches():
     assert q(x) is x and q.extra_repr() == "disabled"
     q.enable()
     q.disable_quant()
-    assert torch.equal(q(x), x)
+    assert bits_equal(q(x), x)
     q.enable_quant()
-    assert torch.equal(q(x), quantized)
+    assert bits_equal(q(x), quantized)
     assert TensorQuantizer(desc(amax=1.0), disabled=True)(x) is x
-    assert torch.equal(TensorQuantizer(desc(amax=1.0), if_quant=False)(x), x)
+    assert bits_equal(TensorQuantizer(desc(amax=1.0), if_quant=False)(x), x)
 
 
 def test_calibration_stage_max():
@@ -88,14 +88,14 @@ def test_calibration_stage_max():
     q.enable_calib()
     q.disable_quant()
     a, b = torch.randn(3, 5), torch.randn(3, 5) * 4
-    assert torch.equal(q(a), a)
+    assert bits_equal(q(a), a)
     q(b)
     q.load_calib_amax()
     expected = torch.maximum(a.abs().amax(1, keepdim=True), b.abs().amax(1, keepdim=True))
-    assert torch.equal(q.amax, expected) and q.amax.shape == (3, 1)
+    assert bits_equal(q.amax, expected) and q.amax.shape == (3, 1)
     q.disable_calib()
     q.enable_quant()
-    assert torch.equal(q(a), reference.fake_quantize_amax(a, expected, 8, False, False)[0])
+    assert bits_equal(q(a), reference.fake_quantize_amax(a, expected, 8, False, False)[0])
     q.load_calib_amax("max")  # the only method of a max calibrator
     with pytest.raises(TypeError, match="MaxCalibrator"):
         q.load_calib_amax("entropy")
@@ -137,7 +137,7 @@ def test_num_bits_unsigned_narrow_setters_and_maxbound():
     assert q.maxbound == 15 and q._calibrator.num_bits == 4 and q._calibrator.unsigned
     q.narrow_range = True
     x = torch.rand(30)
-    assert torch.equal(q(x), reference.fake_quantize_amax(x, torch.tensor(1.0), 4, True, True)[0])
+    assert bits_equal(q(x), reference.fake_quantize_amax(x, torch.tensor(1.0), 4, True, True)[0])
     with pytest.raises(ValueError):
         q.num_bits = 40
     with pytest.raises(TypeError):
@@ -152,7 +152,7 @@ def test_real_quantization_and_scale():
     x = torch.randn(10)
     y = q(x)
     ref, _ = reference.quantize_amax(x, torch.tensor(2.0), 8, False, True)
-    assert torch.equal(y, ref)
+    assert bits_equal(y, ref)
     assert q.scale.item() == pytest.approx(127 / 2.0)
 
 
@@ -161,7 +161,7 @@ def test_pre_quant_scale():
     assert q.pre_quant_scale is None
     q.pre_quant_scale = torch.tensor([0.5, 2.0])
     x = torch.randn(3, 2)
-    assert torch.equal(q(x), reference.fake_quantize_amax(x * torch.tensor([0.5, 2.0]), torch.tensor(1.0),
+    assert bits_equal(q(x), reference.fake_quantize_amax(x * torch.tensor([0.5, 2.0]), torch.tensor(1.0),
                                                          8, False, False)[0])
     assert "_pre_quant_scale" in q.state_dict() and "pre_quant_scale" in q.extra_repr()
     with pytest.raises(ValueError, match="shape"):
@@ -178,11 +178,11 @@ def test_learned_amax_clip_gradients(method, monkeypatch):
     assert set(dict(q.named_parameters())) == {"clip.clip_value_min", "clip.clip_value_max"}
     x = torch.tensor([-2.0, -1.0, -0.3, 0.2, 1.0, 3.0], requires_grad=True)
     y = q(x)
-    assert torch.equal(y, reference.fake_quantize_amax(x.detach().clamp(-1, 1), torch.tensor(1.0), 8, False,
+    assert bits_equal(y, reference.fake_quantize_amax(x.detach().clamp(-1, 1), torch.tensor(1.0), 8, False,
                                                        False)[0])
     y.backward(torch.arange(1.0, 7.0))
     # PACT: the input gets the gradient strictly inside the range, each bound the sum where it clipped.
-    assert torch.equal(x.grad, torch.tensor([0.0, 0.0, 3.0, 4.0, 0.0, 0.0]))
+    assert bits_equal(x.grad, torch.tensor([0.0, 0.0, 3.0, 4.0, 0.0, 0.0]))
     assert q.clip.clip_value_min.grad.item() == 1.0 + 2.0
     lsq = 0.0
     if method == "lsq":
@@ -217,7 +217,7 @@ def test_init_learn_amax():
 def test_clip_module_fixed_bounds():
     clip = quant_nn.Clip(-1.0, torch.tensor([0.5, 2.0]))
     x = torch.tensor([[-3.0, 3.0], [0.7, 0.7]])
-    assert torch.equal(clip(x), torch.tensor([[-1.0, 2.0], [0.5, 0.7]]))
+    assert bits_equal(clip(x), torch.tensor([[-1.0, 2.0], [0.5, 0.7]]))
     assert clip.state_dict() == {}
     with pytest.raises(ValueError, match="one value"):
         quant_nn.Clip(-1.0, torch.tensor([1.0, 2.0]), learn_max=True)
@@ -229,7 +229,7 @@ def test_block_quantization_static_and_dynamic():
     blocks = x.reshape(4, 2, 4)
     amax = blocks.abs().amax(-1, keepdim=True)
     expected = reference.fake_quantize_amax(blocks, amax, 4, False, False)[0].reshape(4, 8)
-    assert torch.equal(dyn(x), expected)
+    assert bits_equal(dyn(x), expected)
     static = TensorQuantizer(desc(num_bits=4, block_sizes={-1: 4}))
     static.enable_calib()
     static.disable_quant()
@@ -238,16 +238,16 @@ def test_block_quantization_static_and_dynamic():
     assert static.amax.shape == (4, 2, 1)
     static.disable_calib()
     static.enable_quant()
-    assert torch.equal(static(x), expected)
-    assert torch.equal(static(x * 0.5), reference.fake_quantize_amax(blocks * 0.5, amax, 4, False, False)[0]
+    assert bits_equal(static(x), expected)
+    assert bits_equal(static(x * 0.5), reference.fake_quantize_amax(blocks * 0.5, amax, 4, False, False)[0]
                        .reshape(4, 8))
     with pytest.raises(ValueError, match="divide"):
         static(torch.randn(4, 6))
     # dynamic blocks run in one kernel pass, the last block of a row may be shorter
     x6 = torch.randn(4, 6)
-    assert torch.equal(dyn(x6), reference.fake_quantize_blockwise(x6, 4, 4, False, False)[0])
+    assert bits_equal(dyn(x6), reference.fake_quantize_blockwise(x6, 4, 4, False, False)[0])
     per_row = TensorQuantizer(desc(block_sizes={-1: None, "type": "dynamic"}))  # per-token dynamic
-    assert torch.equal(per_row(x), reference.fake_quantize_amax(x, x.abs().amax(-1, keepdim=True), 8, False,
+    assert bits_equal(per_row(x), reference.fake_quantize_amax(x, x.abs().amax(-1, keepdim=True), 8, False,
                                                                  False)[0])
 
 
@@ -257,7 +257,7 @@ def test_fp8_quantizer(fmt, dtype):
     x = torch.randn(64) * 2
     s = torch.tensor(1.0) / q.maxbound
     assert q.maxbound == {(4, 3): 448.0, (5, 2): 57344.0}[fmt]
-    assert torch.equal(q(x), (x / s).clamp(-q.maxbound, q.maxbound).to(dtype).float() * s)
+    assert bits_equal(q(x), (x / s).clamp(-q.maxbound, q.maxbound).to(dtype).float() * s)
 
 
 def test_extra_repr():
@@ -277,7 +277,7 @@ def test_state_dict_round_trip():
     assert set(sd) == {"_amax", "_pre_quant_scale"}
     fresh = TensorQuantizer(desc(axis=0))
     fresh.load_state_dict(sd)
-    assert torch.equal(fresh.amax, q.amax) and torch.equal(fresh.pre_quant_scale, q.pre_quant_scale)
+    assert bits_equal(fresh.amax, q.amax) and bits_equal(fresh.pre_quant_scale, q.pre_quant_scale)
     learned = TensorQuantizer(desc(learn_amax=True, amax=2.0))
     sd = learned.state_dict()
     assert set(sd) == {"_amax", "clip.clip_value_min", "clip.clip_value_max"}
@@ -297,7 +297,7 @@ def test_amax_stays_float32_under_dtype_casts():
     for dtype in (torch.float16, torch.bfloat16, torch.float64):
         assert q.to(dtype).amax.dtype == torch.float32 and q.amax.item() == desc(amax=0.1).amax.item()
     x = torch.randn(10, dtype=torch.float64)
-    assert torch.equal(q(x), reference.fake_quantize_amax(x, torch.tensor(0.1), 8, False, False)[0])
+    assert bits_equal(q(x), reference.fake_quantize_amax(x, torch.tensor(0.1), 8, False, False)[0])
     m = torch.nn.Sequential(quant_nn.Linear(4, 4, quant_desc_input=desc(amax=0.1))).half()
     assert m[0].weight.dtype == torch.float16 and m[0].input_quantizer.amax.dtype == torch.float32
 
@@ -306,7 +306,7 @@ def test_flat_per_channel_amax_is_laid_along_axis():
     q = TensorQuantizer(desc(axis=0))
     q.amax = torch.tensor([1.0, 2.0, 4.0])
     x = torch.randn(3, 5) * 3
-    assert torch.equal(q(x), reference.fake_quantize_amax(x, torch.tensor([1.0, 2.0, 4.0]).reshape(3, 1), 8,
+    assert bits_equal(q(x), reference.fake_quantize_amax(x, torch.tensor([1.0, 2.0, 4.0]).reshape(3, 1), 8,
                                                           False, False)[0])
 
 
@@ -320,7 +320,7 @@ def test_use_fb_fake_quant_matches_torch():
         TensorQuantizer.use_fb_fake_quant = False
     expected = torch.fake_quantize_per_channel_affine(x, torch.tensor([1.0, 2.0]) / 127, torch.zeros(2, dtype=torch.int32),
                                                       0, -128, 127)
-    assert torch.equal(y, expected)
+    assert bits_equal(y, expected)
 
 
 def test_invalid_constructor_arguments():
@@ -342,7 +342,7 @@ def test_compile_fullgraph_matches_eager():
     compiled = torch.compile(q, fullgraph=True, backend="aot_eager")
     out = compiled(x)
     out.sum().backward()
-    assert torch.equal(out, eager) and torch.equal(x.grad, grad)
+    assert bits_equal(out, eager) and bits_equal(x.grad, grad)
 
 
 def test_ops_and_quantizer_agree_on_default_range():
@@ -380,12 +380,12 @@ def test_nvfp4_and_fp8_block_quantizers():
     x = torch.randn(8, 40, generator=torch.Generator().manual_seed(1)) * 3
     nvfp4 = TensorQuantizer(desc(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}))
     assert nvfp4.maxbound == 6.0
-    assert torch.equal(nvfp4(x), reference.fake_quantize_blockwise(x, 16, 4, False, True, 2, x.abs().amax())[0])
+    assert bits_equal(nvfp4(x), reference.fake_quantize_blockwise(x, 16, 4, False, True, 2, x.abs().amax())[0])
     nvfp4.amax = 5.0
-    assert torch.equal(nvfp4(x), reference.fake_quantize_blockwise(x, 16, 4, False, True, 2, torch.tensor(5.0))[0])
+    assert bits_equal(nvfp4(x), reference.fake_quantize_blockwise(x, 16, 4, False, True, 2, torch.tensor(5.0))[0])
     fp8 = TensorQuantizer(desc(num_bits=(4, 3), block_sizes={0: 4, "type": "dynamic"}))
     expected = reference.fake_quantize_blockwise(x.t(), 4, 8, False, True, 4)[0].t()
-    assert torch.equal(fp8(x), expected)
+    assert bits_equal(fp8(x), expected)
     with pytest.raises(NotImplementedError, match="scale_bits"):
         TensorQuantizer(desc(num_bits=4, block_sizes={-1: 16, "type": "dynamic", "scale_bits": 8}))
     with pytest.raises(ValueError, match="E2M1"):

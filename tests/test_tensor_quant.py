@@ -9,7 +9,7 @@ from fakequant import tensor_quant
 from fakequant.tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 
 import reference
-from conftest import DEVICES, DTYPES
+from conftest import DEVICES, DTYPES, bits_equal
 
 
 # --- descriptors -------------------------------------------------------------------
@@ -151,8 +151,8 @@ def test_fake_tensor_quant_matches_reference(device, dtype, num_bits, unsigned, 
     ref, _ = reference.fake_quantize_amax(x, amax, num_bits, unsigned, narrow)
     assert y.dtype == dtype
     torch.testing.assert_close(y, ref, rtol=0, atol=0)
-    assert torch.equal(tensor_quant.legacy_fake_tensor_quant(x, amax, num_bits, unsigned, narrow), y)
-    assert torch.equal(tensor_quant.FakeTensorQuantFunction.apply(x, amax, num_bits, unsigned, narrow), y)
+    assert bits_equal(tensor_quant.legacy_fake_tensor_quant(x, amax, num_bits, unsigned, narrow), y)
+    assert bits_equal(tensor_quant.FakeTensorQuantFunction.apply(x, amax, num_bits, unsigned, narrow), y)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -160,7 +160,7 @@ def test_fake_tensor_quant_gradient_is_clipped_ste(device):
     x = torch.linspace(-3, 3, 61, device=device, requires_grad=True)
     y = tensor_quant.fake_tensor_quant(x, 2.0)
     y.backward(torch.ones_like(y))
-    assert torch.equal(x.grad, (x.detach().abs() <= 2.0).float())
+    assert bits_equal(x.grad, (x.detach().abs() <= 2.0).float())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -169,12 +169,12 @@ def test_tensor_quant(device):
     amax = torch.tensor(1.5, device=device)
     q, scale = tensor_quant.tensor_quant(x, amax)
     ref, _ = reference.quantize_amax(x.detach(), amax)
-    assert torch.equal(q, ref)
+    assert bits_equal(q, ref)
     assert scale.dtype == x.dtype and scale.item() == pytest.approx(127 / 1.5)
     q2, s2 = tensor_quant.TensorQuantFunction.apply(x, amax)
-    assert torch.equal(q2, q) and torch.equal(s2, scale)
+    assert bits_equal(q2, q) and bits_equal(s2, scale)
     q.sum().backward()
-    assert torch.equal(x.grad, (x.detach().abs() <= 1.5).float())
+    assert bits_equal(x.grad, (x.detach().abs() <= 1.5).float())
     torch.testing.assert_close(q / scale, tensor_quant.fake_tensor_quant(x.detach(), amax, narrow_range=True))
 
 
@@ -186,9 +186,9 @@ def test_fake_affine_tensor_quant(device, dtype):
     y = tensor_quant.fake_affine_tensor_quant(x, lo, hi, 8)
     ref, mask = reference.fake_quantize_min_max(x.detach(), lo, hi, 8)
     torch.testing.assert_close(y, ref, rtol=0, atol=0)
-    assert torch.equal(tensor_quant.FakeAffineTensorQuantFunction.apply(x, lo, hi, 8), y)
+    assert bits_equal(tensor_quant.FakeAffineTensorQuantFunction.apply(x, lo, hi, 8), y)
     y.sum().backward()
-    assert torch.equal(x.grad, mask.to(dtype))
+    assert bits_equal(x.grad, mask.to(dtype))
 
 
 def test_function_protocol_forward_backward():
@@ -196,19 +196,19 @@ def test_function_protocol_forward_backward():
     x = torch.randn(40, dtype=torch.float64, requires_grad=True)
     amax = torch.tensor(1.0, dtype=torch.float64)
     y = torch.autograd.Function.apply.__func__(tensor_quant.FakeTensorQuantFunction, x, amax, 8, False, True)
-    assert torch.equal(y, tensor_quant.fake_tensor_quant(x.detach(), amax))
+    assert bits_equal(y, tensor_quant.fake_tensor_quant(x.detach(), amax))
     y.sum().backward()
-    assert torch.equal(x.grad, (x.detach().abs() <= 1.0).double())
+    assert bits_equal(x.grad, (x.detach().abs() <= 1.0).double())
     lo, hi = torch.tensor(-1.0), torch.tensor(0.5)
     x.grad = None
     z = torch.autograd.Function.apply.__func__(tensor_quant.FakeAffineTensorQuantFunction, x, lo, hi, 8)
     z.sum().backward()
-    assert torch.equal(x.grad, ((x.detach() >= -1) & (x.detach() <= 0.5)).double())
+    assert bits_equal(x.grad, ((x.detach() >= -1) & (x.detach() <= 0.5)).double())
 
 
 def test_amax_as_number_and_device_of_amax():
     x = torch.randn(10)
-    assert torch.equal(tensor_quant.fake_tensor_quant(x, 1.0), tensor_quant.fake_tensor_quant(x, torch.tensor(1.0)))
+    assert bits_equal(tensor_quant.fake_tensor_quant(x, 1.0), tensor_quant.fake_tensor_quant(x, torch.tensor(1.0)))
     with pytest.raises(TypeError, match="amax"):
         tensor_quant.fake_tensor_quant(x, "1.0")
     with pytest.raises(TypeError, match="num_bits"):
@@ -224,16 +224,16 @@ def test_scaled_e4m3_is_the_fp8_operator():
     x = torch.randn(64) * 3
     y = tensor_quant.scaled_e4m3(x, torch.tensor(2.0))
     expected = (x / (torch.tensor(2.0) / 448)).clamp(-448, 448).to(torch.float8_e4m3fn).float() * (torch.tensor(2.0) / 448)
-    assert torch.equal(y, expected)
-    assert torch.equal(tensor_quant.ScaledE4M3Function.apply(x, torch.tensor(2.0), 4, 3), y)
-    assert torch.equal(tensor_quant.scaled_e4m3(x, None, 5, 2), x.to(torch.float8_e5m2).float())
+    assert bits_equal(y, expected)
+    assert bits_equal(tensor_quant.ScaledE4M3Function.apply(x, torch.tensor(2.0), 4, 3), y)
+    assert bits_equal(tensor_quant.scaled_e4m3(x, None, 5, 2), x.to(torch.float8_e5m2).float())
 
 
 def test_fake_tensor_quant_compiles():
     x = torch.randn(64)
     f = torch.compile(lambda t: tensor_quant.FakeTensorQuantFunction.apply(t, torch.tensor(1.0), 8, False, True),
                       fullgraph=True, backend="aot_eager")
-    assert torch.equal(f(x), tensor_quant.fake_tensor_quant(x, 1.0))
+    assert bits_equal(f(x), tensor_quant.fake_tensor_quant(x, 1.0))
 
 
 @pytest.mark.parametrize("cls,args", [
@@ -258,9 +258,9 @@ def test_function_classes_are_thin_functions_over_the_operators(cls, args):
     y1 = cls.apply(x1, *args)
     y1 = y1[0] if isinstance(y1, tuple) else y1
     y2 = fn(x2, *args)
-    assert torch.equal(y1, y2)
+    assert bits_equal(y1, y2)
     g = torch.randn(y1.shape)
     g[0, 0, 0, 0] = float("nan")
     (g1,) = torch.autograd.grad(y1, x1, g)
     (g2,) = torch.autograd.grad(y2, x2, g)
-    assert torch.equal(g1.isnan(), g2.isnan()) and torch.equal(g1.nan_to_num(), g2.nan_to_num())
+    assert bits_equal(g1, g2)

@@ -1,12 +1,10 @@
-// CPU kernel of the backward of every fake-quant op: grad where mask, else 0.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
-
+// The CPU loop of the backward of every fake-quant op (mask_backward_stub):
+// grad where mask, else +0 (select_bits of contract.h).
 #include <array>
 
-#include "../op_args.h"
-#include "quantize_kernel.h"
+#include "fakequant/kernel_table.h"
+#include "fakequant/static_switch.h"
+#include "loop.h"
 
 namespace fakequant {
 namespace cpu {
@@ -24,12 +22,12 @@ constexpr std::array<uint64_t, 256> make_unpack_table() {
 }
 constexpr std::array<uint64_t, 256> kUnpacked = make_unpack_table();
 
-// Selecting on the bit pattern (grad & -mask) vectorises for every dtype and
-// gives +0.0 where the mask is 0, NaN gradients included.
+// Selecting on the bit pattern vectorises for every dtype.
 template <typename bits_t>
-FAKEQUANT_CPU_CLONES void select_masked(const bits_t* __restrict__ grad, const uint8_t* __restrict__ mask,
-                   bits_t* __restrict__ out, int64_t n) {
-  for (int64_t k = 0; k < n; ++k) out[k] = grad[k] & (bits_t(0) - static_cast<bits_t>(mask[k]));
+FAKEQUANT_CPU_CLONES void select_masked(const bits_t* __restrict__ grad,
+                                        const uint8_t* __restrict__ mask,
+                                        bits_t* __restrict__ out, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) out[k] = select_bits<bits_t>(grad[k], mask[k]);
 }
 
 template <typename bits_t>
@@ -57,25 +55,15 @@ void mask_backward_loop(const at::Tensor& grad, const at::Tensor& mask, at::Tens
   });
 }
 
-at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask) {
-  check_mask_backward_args(grad, mask);
-  // Bit i of a packed mask belongs to element i of the output in memory order;
-  // the autograd formulas pass grad with the forward output's strides, so
-  // neither copy below happens in training.
-  at::Tensor out = at::empty_like(grad);
-  const at::Tensor g = dense_like(grad, out);
-  const at::Tensor m = mask.scalar_type() == at::kBool ? dense_like(mask, out) : mask.contiguous();
-  switch (g.element_size()) {
-    case 2: mask_backward_loop<uint16_t>(g, m, out); break;
-    case 4: mask_backward_loop<uint32_t>(g, m, out); break;
-    default: mask_backward_loop<uint64_t>(g, m, out); break;
-  }
-  return out;
+void mask_backward_cpu(const at::Tensor& grad, const at::Tensor& mask, at::Tensor& out) {
+  with_bits_type(grad.element_size(), [&](auto bits) {
+    mask_backward_loop<decltype(bits)>(grad, mask, out);
+  });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fakequant, CPU, m) { m.impl("mask_backward", &mask_backward); }
+FAKEQUANT_REGISTER_KERNEL(mask_backward_stub, CPU, &mask_backward_cpu);
 
 }  // namespace cpu
 }  // namespace fakequant

@@ -1,9 +1,10 @@
 #pragma once
-// Device code of every CUDA operator, the twin of csrc/cpu/quantize_kernel.h:
-// each op family turns its parameters into per-parameter constants (Consts)
-// on the device, and one kernel applies them with the output and mask rule
-// chosen as template arguments. Host code (launching, checks) is in launch.cuh;
-// this header needs no CUDA runtime API.
+// Device code of the forward of the affine, min/max and amax families and of
+// mask_backward: the family's builder (contract.h) makes each parameter's
+// constants on the device, and one kernel applies the element rule
+// quantize_value (contract.h) with the output and mask as template constants.
+// Launches are in quantize.cu and mask_backward.cu; this header needs no CUDA
+// runtime API.
 //
 // Work is split into warp tiles. In a tile each lane handles kVec consecutive
 // elements (one 128-bit load and store where input and output are 16-byte
@@ -12,65 +13,24 @@
 // tile starts on a byte boundary of the packed mask.
 //
 // Exactness: every operation of the contract is a correctly rounded
-// intrinsic (__fdiv_rn, __fmul_rn, ...), so neither --use_fast_math nor FMA
-// contraction could change a result; setup.py passes -fmad=false as well.
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
+// intrinsic (div_rn, mul_rn, ... of contract.h), so neither --use_fast_math
+// nor FMA contraction could change a result; setup.py passes -fmad=false as well.
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 
-#include "../checks.h"
-#include "../float_formats.h"
-#include "../quant_bounds.h"
+#include "fakequant/contract.h"
 
 namespace fakequant {
 namespace gpu {
-
-// float32 math for float32/float16/bfloat16 inputs, float64 for float64.
-template <typename scalar_t>
-using compute_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-
-// (q - zp) * scale, q itself, or fp8(clamp(x / scale, lo, hi)) * scale
-enum class Output { kFake, kInteger, kFp8E4M3, kFp8E5M2 };
-enum class Window { kQuantRange, kInput };  // mask: q unclamped in range, or x in [lo, hi]
 
 constexpr int kWarpSize = 32;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr unsigned kFullWarp = 0xffffffffu;
 
-// --- correctly rounded arithmetic, one rounding per operation ----------------
-
-__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
-// Round half to even (cvt.rni), as std::nearbyint in the default rounding mode.
-__device__ __forceinline__ float round_half_even(float v) { return rintf(v); }
-__device__ __forceinline__ double round_half_even(double v) { return rint(v); }
-
 // --- per-parameter constants ---------------------------------------------------
 
-// lo/hi bound rint(x / scale) (the quantization range less the zero point).
-// Padded to 8 members so that a table entry is two (float) or four (double)
-// 128-bit loads.
-template <typename C>
-struct alignas(8 * sizeof(C)) Consts {
-  C scale, lo, hi, zero_point, window_lo, window_hi, pad0, pad1;
-};
-
-// An invalid parameter (possible only with value checks off) gives NaN
-// outputs and mask 0: every comparison with NaN is false.
-template <typename C>
-__device__ __forceinline__ Consts<C> invalid_consts() {
-  const C nan = std::numeric_limits<C>::quiet_NaN();
-  return Consts<C>{nan, nan, nan, nan, nan, nan, C(0), C(0)};
-}
-
+// One table entry (Consts, contract.h) in 128-bit loads.
 template <typename C>
 __device__ __forceinline__ Consts<C> load_consts(const Consts<C>* p) {
   using V = std::conditional_t<std::is_same_v<C, float>, float4, double2>;
@@ -84,107 +44,6 @@ __device__ __forceinline__ Consts<C> load_consts(const Consts<C>* p) {
   for (int i = 0; i < kParts; ++i) u.parts[i] = __ldg(src + i);
   return u.c;
 }
-
-// A contiguous parameter tensor, read in its own dtype on the device so that
-// no conversion kernel has to run first.
-enum class ParamType : int8_t { kFloat, kDouble, kHalf, kBFloat16, kUInt8, kInt8, kInt16, kInt32, kInt64 };
-
-struct ParamPtr {
-  const void* data;
-  ParamType type;
-
-  // The value as `.to(at::kDouble)` gives it (exact for every type here but
-  // int64 beyond 2^53, which rounds to nearest as the CPU conversion does).
-  __device__ __forceinline__ double as_double(int64_t i) const {
-    switch (type) {
-      case ParamType::kFloat: return static_cast<const float*>(data)[i];
-      case ParamType::kDouble: return static_cast<const double*>(data)[i];
-      case ParamType::kHalf: return static_cast<float>(static_cast<const c10::Half*>(data)[i]);
-      case ParamType::kBFloat16:
-        return static_cast<float>(static_cast<const c10::BFloat16*>(data)[i]);
-      case ParamType::kUInt8: return static_cast<const uint8_t*>(data)[i];
-      case ParamType::kInt8: return static_cast<const int8_t*>(data)[i];
-      case ParamType::kInt16: return static_cast<const int16_t*>(data)[i];
-      case ParamType::kInt32: return static_cast<const int32_t*>(data)[i];
-      default: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    }
-  }
-  // The value as `.to(at::kFloat)` gives it (float64 rounds to nearest even).
-  __device__ __forceinline__ float as_float(int64_t i) const {
-    switch (type) {
-      case ParamType::kFloat: return static_cast<const float*>(data)[i];
-      case ParamType::kHalf: return static_cast<float>(static_cast<const c10::Half*>(data)[i]);
-      case ParamType::kBFloat16:
-        return static_cast<float>(static_cast<const c10::BFloat16*>(data)[i]);
-      default: return __double2float_rn(as_double(i));
-    }
-  }
-};
-
-// --- the op families: parameter i -> its constants (same as the CPU kernels) ---
-
-template <typename C>
-struct AffineFamily {
-  ParamPtr scale, zero_point;
-  int64_t quant_min, quant_max;
-
-  __device__ Consts<C> make(int64_t i) const {
-    const float s = scale.as_float(i);
-    const double z = zero_point.as_double(i);
-    // valid_scale and valid_zero_point of value_checks.h
-    if (!(isfinite(s) && s > 0.0f && z == rint(z) && z >= quant_min && z <= quant_max)) {
-      return invalid_consts<C>();
-    }
-    const auto zi = static_cast<int64_t>(z);
-    Consts<C> c{};
-    c.scale = static_cast<C>(s);
-    c.lo = integer_bound<C>(quant_min - zi, /*up=*/true);
-    c.hi = integer_bound<C>(quant_max - zi, /*up=*/false);
-    c.zero_point = static_cast<C>(zi);
-    return c;
-  }
-};
-
-template <typename C>
-struct MinMaxFamily {
-  ParamPtr min_range, max_range;
-  float levels;  // 2^num_bits - 1
-
-  __device__ Consts<C> make(int64_t i) const {
-    const float mn = min_range.as_float(i);
-    const float mx = max_range.as_float(i);
-    const float step = __fdiv_rn(__fsub_rn(mx, mn), levels);
-    if (!(isfinite(step) && step > 0.0f)) return invalid_consts<C>();
-    const float first = rintf(__fdiv_rn(mn, step));  // the integer min_range maps to
-    Consts<C> c{};
-    c.scale = static_cast<C>(step);
-    c.lo = static_cast<C>(first);
-    c.hi = static_cast<C>(__fadd_rn(first, levels));
-    c.window_lo = static_cast<C>(mn);
-    c.window_hi = static_cast<C>(mx);
-    return c;
-  }
-};
-
-template <typename C>
-struct AmaxFamily {
-  ParamPtr amax;
-  float bound, quant_min;  // integers (exact in float), or +-max of an FP8 format
-
-  __device__ Consts<C> make(int64_t i) const {
-    const float a = amax.as_float(i);
-    if (!(a >= 0.0f && isfinite(a))) return invalid_consts<C>();  // valid_amax
-    const bool zero = a <= kAmaxEpsilon;  // quantizes everything to 0
-    Consts<C> c{};
-    c.scale = zero ? C(1) : static_cast<C>(__fdiv_rn(a, bound));
-    c.lo = zero ? C(0) : static_cast<C>(quant_min);
-    c.hi = zero ? C(0) : static_cast<C>(bound);
-    c.zero_point = C(0);
-    c.window_lo = -static_cast<C>(a);
-    c.window_hi = static_cast<C>(a);
-    return c;
-  }
-};
 
 // --- parameter lookup ------------------------------------------------------------
 
@@ -224,7 +83,8 @@ template <typename C>
 struct UniformLookup {
   Consts<C> c;
   template <typename Family>
-  __device__ explicit UniformLookup(const UniformParams<C, Family>& p) : c(p.family.make(0)) {}
+  __device__ explicit UniformLookup(const UniformParams<C, Family>& p)
+      : c(p.family.template make<C>(0)) {}
   __device__ __forceinline__ void seek(int64_t) {}
   __device__ __forceinline__ const Consts<C>& get(int) { return c; }
 };
@@ -291,31 +151,6 @@ struct LookupFor<TableParams<C>> {
   using type = TableLookup<C>;
 };
 
-// --- the element rule (the contract) --------------------------------------------
-
-// Round to nearest even, as static_cast<float> of a double in device code.
-__device__ __forceinline__ float to_float_rn(float v) { return v; }
-__device__ __forceinline__ float to_float_rn(double v) { return __double2float_rn(v); }
-
-template <Output O, Window W, typename C>
-__device__ __forceinline__ C quantize_value(C xv, const Consts<C>& p, unsigned& m) {
-  if constexpr (O == Output::kFp8E4M3 || O == Output::kFp8E5M2) {
-    static_assert(W == Window::kInput, "the FP8 mask is the input window |x| <= amax");
-    constexpr FloatFormat format = O == Output::kFp8E4M3 ? kE4M3 : kE5M2;
-    const C xs = div_rn(xv, p.scale);
-    const C c = xs < p.lo ? p.lo : (xs > p.hi ? p.hi : xs);  // NaN falls through both tests
-    m = static_cast<unsigned>((xv >= p.window_lo) & (xv <= p.window_hi));
-    // float64 goes through float32 first, as torch's double -> float8 cast does.
-    return mul_rn(static_cast<C>(round_to_format(to_float_rn(c), format)), p.scale);
-  } else {
-    const C r = round_half_even(div_rn(xv, p.scale));
-    const C q = r < p.lo ? p.lo : (r > p.hi ? p.hi : r);  // NaN falls through both tests
-    m = W == Window::kQuantRange ? static_cast<unsigned>((r >= p.lo) & (r <= p.hi))
-                                 : static_cast<unsigned>((xv >= p.window_lo) & (xv <= p.window_hi));
-    return O == Output::kFake ? mul_rn(q, p.scale) : add_rn(q, p.zero_point);
-  }
-}
-
 // Elements per 128-bit access.
 template <typename scalar_t>
 constexpr int kVec = 16 / static_cast<int>(sizeof(scalar_t));
@@ -347,7 +182,7 @@ __device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {
 // One lane's part of a warp tile: elements e0 .. e0 + V - 1. With V > 1 they
 // are all in range and 16-byte aligned; with V == 1, e0 may be past the end.
 // Every lane of the warp calls it together (the mask shuffles).
-template <int V, Output O, Window W, bool kPacked, typename scalar_t, typename Lookup>
+template <int V, Output O, Window W, MaskOut M, typename scalar_t, typename Lookup>
 __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
                                               scalar_t* __restrict__ y,
                                               uint8_t* __restrict__ mask, int64_t e0, int64_t n,
@@ -366,9 +201,9 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
       bits |= m << k;
     }
     *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
-    if constexpr (!kPacked) store_bool_mask<V>(mask + e0, bits);
+    if constexpr (M == MaskOut::kBool) store_bool_mask<V>(mask + e0, bits);
   }
-  if constexpr (kPacked) {
+  if constexpr (M == MaskOut::kPacked) {
     // The first of each 8 / V lanes gathers their bits into the byte it stores.
     constexpr int kLanesPerByte = 8 / V;
 #pragma unroll
@@ -379,7 +214,7 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
 
 // Elements [0, n_vec) in tiles of 32 * kVec (vector loads), then [n_vec, n) in
 // tiles of 32 (scalar loads). n_vec is a multiple of 32 * kVec, so of 8.
-template <typename scalar_t, Output O, Window W, bool kPacked, typename Params>
+template <typename scalar_t, Output O, Window W, MaskOut M, typename Params>
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                     uint8_t* __restrict__ mask, int64_t n, int64_t n_vec,
@@ -393,11 +228,11 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t vec_tiles = n_vec / kTileV;
   for (int64_t t = warp; t < vec_tiles; t += nwarps) {
-    quantize_lane<V, O, W, kPacked>(x, y, mask, t * kTileV + lane * V, n, lookup, lane);
+    quantize_lane<V, O, W, M>(x, y, mask, t * kTileV + lane * V, n, lookup, lane);
   }
   const int64_t scalar_tiles = (n - n_vec + kWarpSize - 1) / kWarpSize;
   for (int64_t t = warp; t < scalar_tiles; t += nwarps) {
-    quantize_lane<1, O, W, kPacked>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, lane);
+    quantize_lane<1, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, lane);
   }
 }
 
@@ -405,17 +240,10 @@ __global__ void __launch_bounds__(kThreads)
 template <typename C, typename Family>
 __global__ void prepare_kernel(Consts<C>* __restrict__ table, int64_t count, const Family family) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) table[i] = family.make(i);
+  if (i < count) table[i] = family.template make<C>(i);
 }
 
 // --- backward: grad where mask, else +0 --------------------------------------------
-
-// Selecting on bit patterns (grad & -mask), as the CPU kernel does, masks a
-// NaN gradient to +0 too.
-template <typename bits_t>
-__device__ __forceinline__ bits_t select_bits(bits_t g, unsigned m) {
-  return g & static_cast<bits_t>(bits_t(0) - static_cast<bits_t>(m));
-}
 
 // Elements [0, n_vec) as 128-bit vectors, then [n_vec, n) one by one. A packed
 // mask holds element e at bit e % 8 of byte e / 8; a bool mask one byte per

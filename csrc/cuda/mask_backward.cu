@@ -1,7 +1,5 @@
-// CUDA kernel of the backward of every fake-quant op: grad where mask, else +0
-// (mask_backward_kernel in kernels.cuh).
-#include <torch/library.h>
-
+// The CUDA launch of the backward of every fake-quant op (mask_backward_kernel
+// of the kernel table): grad where mask, else +0 (the kernel in kernels.cuh).
 #include "launch.cuh"
 
 namespace fakequant {
@@ -30,27 +28,15 @@ void launch_mask_backward(const at::Tensor& grad, const at::Tensor& mask, at::Te
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask) {
-  check_mask_backward_args(grad, mask);
-  const c10::cuda::CUDAGuard guard(grad.device());
-  // Bit i of a packed mask belongs to element i of the output in memory order;
-  // the autograd formulas pass grad with the forward output's strides, so
-  // neither copy below happens in training.
-  at::Tensor out = at::empty_like(grad);
-  if (grad.numel() == 0) return out;
-  const at::Tensor g = dense_like(grad, out);
-  const at::Tensor m = mask.scalar_type() == at::kBool ? dense_like(mask, out) : mask.contiguous();
-  switch (g.element_size()) {
-    case 2: launch_mask_backward<uint16_t>(g, m, out); break;
-    case 4: launch_mask_backward<uint32_t>(g, m, out); break;
-    default: launch_mask_backward<uint64_t>(g, m, out); break;
-  }
-  return out;
+void mask_backward_cuda(const at::Tensor& grad, const at::Tensor& mask, at::Tensor& out) {
+  with_bits_type(grad.element_size(), [&](auto bits) {
+    launch_mask_backward<decltype(bits)>(grad, mask, out);
+  });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fakequant, CUDA, m) { m.impl("mask_backward", &mask_backward); }
+FAKEQUANT_REGISTER_KERNEL(mask_backward_stub, CUDA, &mask_backward_cuda);
 
 }  // namespace gpu
 }  // namespace fakequant

@@ -64,4 +64,36 @@ inline ParamLayout make_param_layout(const at::Tensor& dense, at::IntArrayRef pa
   return layout;
 }
 
+// A dense tensor walked in memory order as [outer][channels][inner]: the
+// elements of channel c are the runs of `inner` consecutive elements at
+// (o * channels + c) * inner. Per-tensor is outer = channels = 1.
+struct ChannelShape {
+  int64_t outer = 1, channels = 1, inner = 1;
+};
+
+// `layout` from make_param_layout with the affine parameter strides (1 along
+// the axis, 0 elsewhere): at most one of its dimensions steps through the
+// parameters, the ones on either side are merged.
+inline ChannelShape channel_shape(const ParamLayout& layout) {
+  ChannelShape shape;
+  int64_t axis = -1;
+  const auto nd = static_cast<int64_t>(layout.sizes.size());
+  for (int64_t d = 0; d < nd; ++d) {
+    if (layout.param_strides[d] != 0) {
+      TORCH_INTERNAL_ASSERT(axis < 0 && layout.param_strides[d] == 1);
+      axis = d;
+    }
+  }
+  for (int64_t d = 0; d < nd; ++d) {
+    if (axis < 0 || d > axis) {
+      shape.inner *= layout.sizes[d];
+    } else if (d == axis) {
+      shape.channels = layout.sizes[d];
+    } else {
+      shape.outer *= layout.sizes[d];
+    }
+  }
+  return shape;
+}
+
 }  // namespace fakequant

@@ -1,8 +1,6 @@
-// CUDA kernels of the learned step size ops (LSQ, LSQ+). The forward is
-// fake_quantize_affine's (its CUDA kernel, through the dispatcher); the
-// backward reads input and grad once, writes grad_input and sums the scale and
-// zero-point gradients of each channel, the same per-element rule as
-// csrc/cpu/fake_quantize_lsq.cpp.
+// The CUDA launch of the LSQ/LSQ+ backward (lsq_backward_stub of the kernel
+// table): reads input and grad once, writes grad_input and sums the scale and
+// zero-point gradients of each channel, with the rule lsq_terms of contract.h.
 //
 // The sums are deterministic (no atomics): the first kernel gives each unit of
 // work (a warp or a block) its own slot of float64 partial sums, written in a
@@ -17,9 +15,6 @@
 //  - columns (inner < 32, channels innermost as in channels_last): a thread
 //    takes one column of the [outer][channels * inner] matrix over a range of
 //    rows, so that a warp reads consecutive elements.
-#include <torch/library.h>
-
-#include "../lsq_args.h"
 #include "launch.cuh"
 
 namespace fakequant {
@@ -27,33 +22,23 @@ namespace gpu {
 namespace {
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
-
-// One element (the rule of the CPU kernel): with v = x / s, r = rint(v) and
-// inside = lo <= r <= hi, adds grad * (inside ? r - v : clamp(r, lo, hi)) to
-// acc_s and grad * (inside ? 0 : 1) to acc_z, and returns grad where inside,
-// else +0. A NaN x adds NaN to both.
+// One element: adds the summands grad * d and grad * z of lsq_terms to acc_s
+// and acc_z, and returns grad where inside, else +0.
 template <typename scalar_t, typename C>
 __device__ __forceinline__ scalar_t lsq_element(scalar_t xs, scalar_t gs, const Consts<C>& p,
                                                 double& acc_s, double& acc_z) {
-  const C v = div_rn(static_cast<C>(xs), p.scale);
-  const C r = round_half_even(v);
-  const bool inside = (r >= p.lo) & (r <= p.hi);
-  const C q = r < p.lo ? p.lo : (r > p.hi ? p.hi : r);  // NaN falls through both tests
-  const C d = inside ? sub_rn(r, v) : q;
-  const C z = inside ? C(0) : (r == r ? C(1) : r);
-  const double gd = static_cast<double>(static_cast<C>(gs));
-  acc_s = __dadd_rn(acc_s, __dmul_rn(gd, static_cast<double>(d)));
-  acc_z = __dadd_rn(acc_z, __dmul_rn(gd, static_cast<double>(z)));
-  return inside ? gs : static_cast<scalar_t>(0.0f);
+  const LsqTerms<C> t = lsq_terms(static_cast<C>(xs), p.scale, p.lo, p.hi);
+  const C gc = static_cast<C>(gs);
+  acc_s = add_rn(acc_s, lsq_summand(gc, t.d));
+  acc_z = add_rn(acc_z, lsq_summand(gc, t.z));
+  return t.inside ? gs : static_cast<scalar_t>(0.0f);
 }
 
 // Butterfly sum: every lane ends with the same value, in a fixed order.
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v = __dadd_rn(v, __shfl_xor_sync(kFullWarp, v, offset));
+    v = add_rn(v, __shfl_xor_sync(kFullWarp, v, offset));
   }
   return v;
 }
@@ -71,7 +56,7 @@ template <typename scalar_t, int V, bool kOuter>
 __global__ void __launch_bounds__(kThreads)
     lsq_rows_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ g,
                     scalar_t* __restrict__ gi, const RowsGrid grid,
-                    const AffineFamily<compute_t<scalar_t>> family, double* __restrict__ part_s,
+                    const AffineFamily family, double* __restrict__ part_s,
                     double* __restrict__ part_z) {
   using C = compute_t<scalar_t>;
   const int lane = threadIdx.x % kWarpSize;
@@ -82,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t item = warp; item < items; item += nwarps) {
     const int64_t c = item / grid.splits;
     const int64_t s = item - c * grid.splits;
-    const Consts<C> p = family.make(c);
+    const Consts<C> p = family.template make<C>(c);
     const int64_t j1 = min64((s + 1) * grid.chunk, per_channel);
     double acc_s = 0.0, acc_z = 0.0;
     for (int64_t j = s * grid.chunk + lane * V; j < j1; j += kWarpSize * V) {
@@ -125,7 +110,7 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     lsq_columns_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ g,
                        scalar_t* __restrict__ gi, const ColumnsGrid grid,
-                       const AffineFamily<compute_t<scalar_t>> family, double* __restrict__ part_s,
+                       const AffineFamily family, double* __restrict__ part_s,
                        double* __restrict__ part_z) {
   using C = compute_t<scalar_t>;
   __shared__ double shared_s[kThreads];
@@ -141,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t col = cb * grid.cols_per_block + col_lane;
     double acc_s = 0.0, acc_z = 0.0;
     if (row_lane < grid.rows_per_step && col < grid.cols) {
-      const Consts<C> p = family.make(col / grid.inner);
+      const Consts<C> p = family.template make<C>(col / grid.inner);
       const int64_t o1 = min64((s + 1) * grid.rows_per_unit, grid.outer);
       for (int64_t o = s * grid.rows_per_unit + row_lane; o < o1; o += grid.rows_per_step) {
         const int64_t e = o * grid.cols + col;
@@ -156,8 +141,8 @@ __global__ void __launch_bounds__(kThreads)
       if (col_t < grid.cols) {
         double sum_s = 0.0, sum_z = 0.0;
         for (int r = 0; r < grid.rows_per_step; ++r) {
-          sum_s = __dadd_rn(sum_s, shared_s[r * grid.cols_per_block + t]);
-          sum_z = __dadd_rn(sum_z, shared_z[r * grid.cols_per_block + t]);
+          sum_s = add_rn(sum_s, shared_s[r * grid.cols_per_block + t]);
+          sum_z = add_rn(sum_z, shared_z[r * grid.cols_per_block + t]);
         }
         const int64_t c = col_t / grid.inner;
         const int64_t slot = c * k_per_channel + s * grid.inner + (col_t - c * grid.inner);
@@ -170,8 +155,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One warp per channel: the channel's k partial sums (at c * k), lanes
-// striding, then the butterfly; grad_scale = factor * sum_s and
-// grad_zero_point = factor * (-s * sum_z), as the CPU kernel computes them.
+// striding, then the butterfly; the gradients are lsq_grad_scale and
+// lsq_grad_zero_point of contract.h.
 __global__ void __launch_bounds__(kThreads)
     lsq_reduce_kernel(const double* __restrict__ part_s, const double* __restrict__ part_z,
                       int64_t channels, int64_t k, const ParamPtr scale, double grad_factor,
@@ -182,15 +167,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t c = warp; c < channels; c += nwarps) {
     double sum_s = 0.0, sum_z = 0.0;
     for (int64_t i = lane; i < k; i += kWarpSize) {
-      sum_s = __dadd_rn(sum_s, part_s[c * k + i]);
-      sum_z = __dadd_rn(sum_z, part_z[c * k + i]);
+      sum_s = add_rn(sum_s, part_s[c * k + i]);
+      sum_z = add_rn(sum_z, part_z[c * k + i]);
     }
     sum_s = warp_sum(sum_s);
     sum_z = warp_sum(sum_z);
     if (lane == 0) {
-      const double s = static_cast<double>(scale.as_float(c));
-      grad_scale[c] = __double2float_rn(__dmul_rn(grad_factor, sum_s));
-      grad_zero_point[c] = __double2float_rn(__dmul_rn(grad_factor, __dmul_rn(-s, sum_z)));
+      grad_scale[c] = lsq_grad_scale(grad_factor, sum_s);
+      grad_zero_point[c] = lsq_grad_zero_point(grad_factor, scale.as_float(c), sum_z);
     }
   }
 }
@@ -198,18 +182,16 @@ __global__ void __launch_bounds__(kThreads)
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename scalar_t>
-void launch_lsq_backward(const at::Tensor& x, const at::Tensor& g, at::Tensor& gi,
-                         const ChannelShape& shape, const at::Tensor& s, const at::Tensor& z,
-                         int64_t quant_min, int64_t quant_max, double grad_factor,
-                         at::Tensor& grad_scale, at::Tensor& grad_zero_point) {
-  using C = compute_t<scalar_t>;
-  const AffineFamily<C> family{param_ptr(s), param_ptr(z), quant_min, quant_max};
+void launch_lsq_backward(const LsqBackwardJob& job) {
+  const at::Tensor& x = job.x;
+  const ChannelShape& shape = job.shape;
+  const AffineFamily& family = job.family;
   const int64_t n = x.numel();
   const int device = x.get_device();
   const auto stream = at::cuda::getCurrentCUDAStream();
   const scalar_t* xp = x.const_data_ptr<scalar_t>();
-  const scalar_t* gp = g.const_data_ptr<scalar_t>();
-  scalar_t* op = gi.mutable_data_ptr<scalar_t>();
+  const scalar_t* gp = job.grad.const_data_ptr<scalar_t>();
+  scalar_t* op = job.grad_input.mutable_data_ptr<scalar_t>();
   const auto options = x.options().dtype(at::kDouble);
   at::Tensor partial;
   int64_t k = 0;  // partial sums per channel
@@ -267,59 +249,22 @@ void launch_lsq_backward(const at::Tensor& x, const at::Tensor& g, at::Tensor& g
   const double* ps = partial.const_data_ptr<double>();
   const unsigned blocks = grid_for(shape.channels, device);
   lsq_reduce_kernel<<<blocks, kThreads, 0, stream>>>(
-      ps, ps + shape.channels * k, shape.channels, k, param_ptr(s), grad_factor,
-      grad_scale.mutable_data_ptr<float>(), grad_zero_point.mutable_data_ptr<float>());
+      ps, ps + shape.channels * k, shape.channels, k, family.scale, job.grad_factor,
+      job.grad_scale.mutable_data_ptr<float>(), job.grad_zero_point.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // The caching allocator orders any reuse of `partial` after this stream's
   // queued kernels, so it may be freed when this returns.
 }
 
-at::Tensor fake_quantize_lsq(const at::Tensor& input, const at::Tensor& scale,
-                             const at::Tensor& zero_point, std::optional<int64_t> axis,
-                             int64_t quant_min, int64_t quant_max, double grad_factor) {
-  return lsq_forward(input, scale, zero_point, axis, quant_min, quant_max, grad_factor);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quantize_lsq_backward(
-    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale,
-    const at::Tensor& zero_point, std::optional<int64_t> axis, int64_t quant_min,
-    int64_t quant_max, double grad_factor) {
-  const AffineArgs args = check_lsq_backward_args(grad, input, scale, zero_point, axis, quant_min,
-                                                  quant_max, grad_factor);
-  const c10::cuda::CUDAGuard guard(input.device());
-  if (run_value_checks()) check_affine_values(scale, zero_point, quant_min, quant_max);
-  // grad_input is laid out like input (as the forward's output), so that in
-  // training neither input nor grad is copied.
-  at::Tensor grad_input = at::empty_like(input);
-  at::Tensor grad_scale = at::empty(scale.sizes(), scale.options().dtype(at::kFloat));
-  at::Tensor grad_zero_point = at::empty(zero_point.sizes(), zero_point.options().dtype(at::kFloat));
-  if (input.numel() == 0) {
-    grad_scale.zero_();
-    grad_zero_point.zero_();
-    return {grad_input, grad_scale, grad_zero_point};
-  }
-  const at::Tensor x = dense_like(input, grad_input);
-  const at::Tensor g = dense_like(grad, grad_input);
-  // A channel dimension of size 1 drops out of the layout: one parameter,
-  // the per-tensor case.
-  const ChannelShape shape = channel_shape(make_param_layout(grad_input, args.param_strides));
-  TORCH_INTERNAL_ASSERT(shape.channels == args.channels);
-  const at::Tensor s = device_param(scale);
-  const at::Tensor z = device_param(zero_point);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "fakequant_lsq_backward_cuda", [&] {
-        launch_lsq_backward<scalar_t>(x, g, grad_input, shape, s, z, quant_min, quant_max,
-                                      grad_factor, grad_scale, grad_zero_point);
-      });
-  return {grad_input, grad_scale, grad_zero_point};
+void lsq_backward_cuda(const LsqBackwardJob& job) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, job.x.scalar_type(),
+                                  "fakequant_lsq_backward_cuda",
+                                  [&] { launch_lsq_backward<scalar_t>(job); });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fakequant, CUDA, m) {
-  m.impl("fake_quantize_lsq", &fake_quantize_lsq);
-  m.impl("fake_quantize_lsq_backward", &fake_quantize_lsq_backward);
-}
+FAKEQUANT_REGISTER_KERNEL(lsq_backward_stub, CUDA, &lsq_backward_cuda);
 
 }  // namespace gpu
 }  // namespace fakequant

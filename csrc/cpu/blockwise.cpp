@@ -1,11 +1,10 @@
-// CPU kernel of fake_quantize_blockwise: blocks of block_size consecutive
-// elements along the last dimension, each quantized with its own scale from
-// amax = max |x| over the block, found in the same pass (the block is read
-// from memory once; the second read hits L1).
+// The CPU loop of fake_quantize_blockwise (blockwise_stub): blocks of
+// block_size consecutive elements along the last dimension, each quantized with
+// its own scale from amax = max |x| over the block, found in the same pass (the
+// block is read from memory once; the second read hits L1). The geometry, the
+// block scale, the degenerate block and the element rule are contract.h's.
 //
-// Memory is walked as "rows" of R elements: R = block_size when it divides the
-// last dimension (every block full: one block per row), else R = the last
-// dimension (ceil(L / block_size) blocks, the last one shorter). Tiles are
+// Memory is walked as rows of R elements (BlockGeometry). Tiles are
 // whole rows and start on a byte of the packed mask, so every block lies in one
 // tile and every tile owns its mask bytes. Within a tile, simple loops over
 // L1-resident data: the amax of every block (the integer max of |x|'s bit
@@ -15,40 +14,28 @@
 // rows of thousands of elements), the amax of every block is found first, in
 // a pass of its own, and the elements follow in tiles of 2048 (x is read twice).
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <numeric>
-#include <optional>
 #include <vector>
 
-#include "../blockwise_args.h"
-#include "../op_args.h"
-#include "quantize_kernel.h"
+#include "fakequant/kernel_table.h"
+#include "fakequant/static_switch.h"
+#include "loop.h"
 
 namespace fakequant {
 namespace cpu {
 namespace {
 
-struct Geometry {
-  int64_t row_len;         // R
-  int64_t block_size;      // full blocks; <= R unless one block covers a whole row
-  int64_t blocks_per_row;  // ceil(R / block_size)
-  int64_t last_len;        // length of a row's last block
-  int64_t rows_per_tile;   // a multiple of 8 / gcd(R, 8): tiles start on a mask byte
+// The contract's geometry and the rows of a tile.
+struct Geometry : BlockGeometry {
+  int64_t rows_per_tile;  // a multiple of 8 / gcd(R, 8): tiles start on a mask byte
 };
 
-// The element rule's constants, passed by value into the loops (a copy in
-// registers: no reloads after every store).
-template <typename C>
-struct Rule {
-  C quant_min, quant_max;  // integer elements: the clamp range of rint(x / s)
-  C float_limit;          // float elements: the largest |x / s| not saturated
-};
-
+// The element rule's constants (passed by value into the loops: a copy in
+// registers, no reloads after every store) and the block scales'.
 template <typename C>
 struct Consts {
-  Rule<C> rule;
+  BlockRule<C> rule;
   float elem_max, g;  // g: the per-tensor scale of two-level scales (else 1)
   bool two_level;
 };
@@ -59,34 +46,22 @@ inline float block_amax(const scalar_t* __restrict__ x, int64_t len) {
   const int64_t n = kLen > 0 ? kLen : len;
   uint32_t m = 0;
   for (int64_t k = 0; k < n; ++k) {
-    const uint32_t b = float_to_bits(static_cast<float>(x[k])) & 0x7fffffffu;
+    const uint32_t b = abs_bits(static_cast<float>(x[k]));
     m = b > m ? b : m;
   }
   return bits_to_float(m);
 }
 
-// The contract for one element of a block with scale s (the mask byte in m).
+// One element of a block with scale s (the mask byte in m).
 template <Elem E, typename scalar_t, typename C>
-inline scalar_t quantize_element(scalar_t x, C s, uint8_t& m, const Rule<C> c) {
-  const C xs = static_cast<C>(x) / s;
-  C q;
-  if constexpr (E == Elem::kInt) {
-    const C r = round_half_even(xs);
-    q = r < c.quant_min ? c.quant_min : (r > c.quant_max ? c.quant_max : r);  // NaN falls through
-  } else {
-    q = static_cast<C>(round_to_format(static_cast<float>(xs), float_format_of<E>()));
-  }
-  // not saturated: rint(xs) within [quant_min, quant_max], or |xs| within the format's limit
-  m = E == Elem::kInt ? static_cast<uint8_t>((round_half_even(xs) >= c.quant_min) &
-                                             (round_half_even(xs) <= c.quant_max))
-                      : static_cast<uint8_t>(std::abs(xs) <= c.float_limit);
-  return static_cast<scalar_t>(q * s);
+inline scalar_t quantize_element(scalar_t x, C s, uint8_t& m, const BlockRule<C> c) {
+  return static_cast<scalar_t>(blockwise_value<E>(static_cast<C>(x), s, c, m));
 }
 
 // A block of kLen (or len) elements sharing the scale s.
 template <Elem E, int kLen, typename scalar_t, typename C>
 inline void quantize_block(const scalar_t* __restrict__ x, C s, scalar_t* __restrict__ y,
-                           uint8_t* __restrict__ m, int64_t len, const Rule<C> c) {
+                           uint8_t* __restrict__ m, int64_t len, const BlockRule<C> c) {
   const int64_t n = kLen > 0 ? kLen : len;
   for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<E>(x[k], s, m[k], c);
 }
@@ -96,7 +71,7 @@ inline void quantize_block(const scalar_t* __restrict__ x, C s, scalar_t* __rest
 template <Elem E, int kLen, typename scalar_t, typename C>
 inline void quantize_block_pair(const scalar_t* __restrict__ x, C s0, C s1,
                                 scalar_t* __restrict__ y, uint8_t* __restrict__ m,
-                                const Rule<C> c) {
+                                const BlockRule<C> c) {
   for (int64_t k = 0; k < 2 * kLen; ++k) {
     y[k] = quantize_element<E>(x[k], k < kLen ? s0 : s1, m[k], c);
   }
@@ -106,7 +81,7 @@ inline void quantize_block_pair(const scalar_t* __restrict__ x, C s0, C s1,
 template <Elem E, typename scalar_t, typename C>
 inline void quantize_run(const scalar_t* __restrict__ x, const C* __restrict__ s,
                          scalar_t* __restrict__ y, uint8_t* __restrict__ m, int64_t n,
-                         const Rule<C> c) {
+                         const BlockRule<C> c) {
   for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<E>(x[k], s[k], m[k], c);
 }
 
@@ -115,16 +90,11 @@ inline void fill(C* __restrict__ p, int64_t n, C v) {
   for (int64_t k = 0; k < n; ++k) p[k] = v;
 }
 
-// A degenerate block: 0, NaN staying NaN; the mask marks the numbers.
+// A degenerate block (degenerate_value for each element).
 template <typename scalar_t, typename C>
 inline void zero_block(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                        uint8_t* __restrict__ m, int64_t n) {
-  for (int64_t k = 0; k < n; ++k) {
-    const C v = static_cast<C>(x[k]);
-    const bool number = v == v;
-    y[k] = static_cast<scalar_t>(number ? C(0) : v);
-    m[k] = static_cast<uint8_t>(number);
-  }
+  for (int64_t k = 0; k < n; ++k) y[k] = static_cast<scalar_t>(degenerate_value(static_cast<C>(x[k]), m[k]));
 }
 
 template <typename C>
@@ -185,7 +155,7 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
   }
 
   const float emax = c.elem_max, g = c.g;
-  const Rule<C> rule = c.rule;
+  const BlockRule<C> rule = c.rule;
   if (c.two_level) {
     for (int64_t i = 0; i < nblocks; ++i) scale[i] = blockwise_scale<true>(amax[i], emax, g);
   } else {
@@ -272,7 +242,7 @@ FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scala
                                            uint8_t* __restrict__ mask, int64_t e0, int64_t e1,
                                            const Geometry& geo, const float* scale,
                                            const uint8_t* degenerate,
-                                           const Rule<compute_t<scalar_t>> rule) {
+                                           const BlockRule<compute_t<scalar_t>> rule) {
   using C = compute_t<scalar_t>;
   const int64_t R = geo.row_len, bs = geo.block_size, nb = geo.blocks_per_row;
   int64_t row = e0 / R, col = e0 - row * R, j = col / bs;
@@ -337,19 +307,9 @@ void long_blocks_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, cons
 // five bytes per element); beyond, long_blocks_loop.
 constexpr int64_t kMaxTile = int64_t{1} << 16;
 
-Geometry make_geometry(int64_t last_dim, int64_t block_size) {
+Geometry make_geometry(const BlockGeometry& block) {
   Geometry geo;
-  if (last_dim % block_size == 0) {
-    geo.row_len = block_size;
-    geo.block_size = block_size;
-    geo.blocks_per_row = 1;
-    geo.last_len = block_size;
-  } else {
-    geo.row_len = last_dim;
-    geo.block_size = std::min(block_size, last_dim);
-    geo.blocks_per_row = (last_dim + block_size - 1) / block_size;
-    geo.last_len = last_dim - (geo.blocks_per_row - 1) * geo.block_size;
-  }
+  static_cast<BlockGeometry&>(geo) = block;
   constexpr int64_t kTargetTile = 2048;  // elements
   const int64_t unit = 8 / std::gcd<int64_t>(geo.row_len, 8);
   const int64_t units = std::max<int64_t>(1, kTargetTile / (unit * geo.row_len));
@@ -357,35 +317,19 @@ Geometry make_geometry(int64_t last_dim, int64_t block_size) {
   return geo;
 }
 
-std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
-    const at::Tensor& input, int64_t block_size, int64_t num_bits, bool is_unsigned,
-    bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax) {
-  const BlockwiseArgs args = check_blockwise_args(input, block_size, num_bits, is_unsigned,
-                                                  narrow_range, exponent_bits, scale_amax);
-  float g = 1.0f;
-  if (args.two_level) {
-    check_scale_amax_value(*scale_amax);
-    g = blockwise_global_scale(scale_amax->detach().to(at::kFloat).reshape({-1})[0].item<float>(),
-                               args.elem_max);
-  }
-
-  const bool keep = blockwise_keeps_layout(input);
-  at::Tensor y = keep ? at::empty_like(input) : at::empty(input.sizes(), input.options());
-  at::Tensor mask = new_mask(y, /*packed=*/true);
-  if (input.numel() == 0) return {y, mask};
-  const at::Tensor x = keep ? input : input.contiguous();
-  TORCH_INTERNAL_ASSERT(x.strides() == y.strides());
-
-  const int64_t last_dim = input.dim() == 0 ? 1 : input.size(-1);
-  const Geometry geo = make_geometry(last_dim, block_size);
-
+void blockwise_cpu(const BlockwiseJob& job) {
+  const Geometry geo = make_geometry(job.geometry);
+  const at::Tensor& x = job.x;
+  at::Tensor y = job.y;
+  at::Tensor mask = job.mask;
+  const float g = job.two_level ? blockwise_global_scale(job.scale_amax.as_float(0), job.elem_max) : 1.0f;
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "fakequant_blockwise", [&] {
+      at::kHalf, at::kBFloat16, x.scalar_type(), "fakequant_blockwise", [&] {
         using C = compute_t<scalar_t>;
-        const Consts<C> c{{static_cast<C>(args.quant_min), static_cast<C>(args.quant_max),
-                           static_cast<C>(args.float_limit)},
-                          args.elem_max, g, args.two_level};
-        auto run = [&](auto elem_tag) {
+        const Consts<C> c{{static_cast<C>(job.rule.quant_min), static_cast<C>(job.rule.quant_max),
+                           static_cast<C>(job.rule.float_limit)},
+                          job.elem_max, g, job.two_level};
+        with_elem(job.elem, [&](auto elem_tag) {
           constexpr Elem E = decltype(elem_tag)::value;
           if (geo.rows_per_tile * geo.row_len > kMaxTile) {
             long_blocks_loop<scalar_t, E>(x, y, mask, geo, c);
@@ -399,22 +343,13 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
             case 128: blockwise_loop<scalar_t, E, 128>(x, y, mask, geo, c); break;
             default: blockwise_loop<scalar_t, E, 0>(x, y, mask, geo, c); break;
           }
-        };
-        switch (args.elem) {
-          case Elem::kInt: run(std::integral_constant<Elem, Elem::kInt>{}); break;
-          case Elem::kE2M1: run(std::integral_constant<Elem, Elem::kE2M1>{}); break;
-          case Elem::kE4M3: run(std::integral_constant<Elem, Elem::kE4M3>{}); break;
-          case Elem::kE5M2: run(std::integral_constant<Elem, Elem::kE5M2>{}); break;
-        }
+        });
       });
-  return {y, mask};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fakequant, CPU, m) {
-  m.impl("fake_quantize_blockwise", &fake_quantize_blockwise);
-}
+FAKEQUANT_REGISTER_KERNEL(blockwise_stub, CPU, &blockwise_cpu);
 
 }  // namespace cpu
 }  // namespace fakequant

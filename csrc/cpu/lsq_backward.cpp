@@ -1,58 +1,37 @@
-// CPU kernels of the learned step size ops (LSQ, LSQ+). The forward is
-// fake_quantize_affine's; the backward reads input and grad once, writes
-// grad_input and sums the scale and zero-point gradients of each channel.
+// The CPU loop of the LSQ/LSQ+ backward (lsq_backward_stub): reads input and
+// grad once, writes grad_input and sums the scale and zero-point gradients of
+// each channel, with the rule lsq_terms of contract.h.
 //
 // The sums are deterministic whatever the number of threads: the elements are
 // cut into blocks whose size depends only on the tensor's size and channel
 // count, each block sums its elements in a fixed order into its own row of
 // partial sums (float64), and the rows are added in block order at the end.
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
-#include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "../lsq_args.h"
-#include "../quant_bounds.h"
-#include "../value_checks.h"
-#include "quantize_kernel.h"
+#include "fakequant/kernel_table.h"
+#include "loop.h"
 
 namespace fakequant {
 namespace cpu {
 namespace {
 
-template <typename scalar_t>
-struct BitsOf;
-template <> struct BitsOf<double> { using type = uint64_t; };
-template <> struct BitsOf<float> { using type = uint32_t; };
-template <> struct BitsOf<c10::Half> { using type = uint16_t; };
-template <> struct BitsOf<c10::BFloat16> { using type = uint16_t; };
-
-// One element: with v = x / s, r = rint(v), inside = lo <= r <= hi,
-//   grad_input = grad where inside else +0 (selected on bits: a NaN grad outside gives 0),
-//   ts = grad * (inside ? r - v : clamp(r, lo, hi)), the scale term,
-//   tz = grad * (inside ? 0 : 1), the zero-point term before the factor -s.
-// A NaN x (r NaN, not inside, the clamp passing NaN through) makes both terms
-// NaN, as NaN makes the sums NaN in plain PyTorch; its grad_input is 0.
+// One element: the summands grad * d and grad * z of lsq_terms, and grad_input
+// (grad where inside, else +0, selected on bits).
 template <typename scalar_t, typename C>
 inline void lsq_element(const scalar_t* __restrict__ x, const scalar_t* __restrict__ g,
                         typename BitsOf<scalar_t>::type* __restrict__ gi, double* __restrict__ ts,
                         double* __restrict__ tz, int64_t k, C s, C lo, C hi) {
   using bits_t = typename BitsOf<scalar_t>::type;
-  const C v = static_cast<C>(x[k]) / s;
-  const C r = round_half_even(v);
-  const bool inside = (r >= lo) & (r <= hi);
-  const C q = r < lo ? lo : (r > hi ? hi : r);
-  const C d = inside ? r - v : q;
-  const C z = inside ? C(0) : (r == r ? C(1) : r);
-  const double gd = static_cast<double>(static_cast<C>(g[k]));
-  ts[k] = gd * static_cast<double>(d);
-  tz[k] = gd * static_cast<double>(z);
+  const LsqTerms<C> t = lsq_terms(static_cast<C>(x[k]), s, lo, hi);
+  const C gc = static_cast<C>(g[k]);
+  ts[k] = lsq_summand(gc, t.d);
+  tz[k] = lsq_summand(gc, t.z);
   bits_t gb;
   std::memcpy(&gb, g + k, sizeof(bits_t));
-  gi[k] = gb & static_cast<bits_t>(bits_t(0) - static_cast<bits_t>(inside));
+  gi[k] = select_bits<bits_t>(gb, t.inside);
 }
 
 // A run of elements of one channel.
@@ -95,34 +74,23 @@ FAKEQUANT_CPU_CLONES void add_into(double* __restrict__ dst, const double* __res
   for (int64_t k = 0; k < n; ++k) dst[k] += src[k];
 }
 
-// Per-channel constants in the compute type and the float32 scale.
+// Per-channel constants (AffineFamily's) in the compute type, and the float32
+// scale of the zero point's gradient.
 template <typename C>
 struct LsqParams {
   std::vector<C> scale, lo, hi;
   std::vector<float> scale32;
-};
 
-template <typename C>
-LsqParams<C> make_lsq_params(const at::Tensor& scale, const at::Tensor& zero_point,
-                             int64_t quant_min, int64_t quant_max) {
-  const at::Tensor s = scale.to(at::kFloat).contiguous();
-  const at::Tensor z = zero_point.to(at::kDouble).contiguous();  // exact for int32 values
-  const int64_t n = s.numel();
-  const float* sp = s.const_data_ptr<float>();
-  const double* zp = z.const_data_ptr<double>();
-  LsqParams<C> p;
-  p.scale.resize(n);
-  p.lo.resize(n);
-  p.hi.resize(n);
-  p.scale32.assign(sp, sp + n);
-  for (int64_t i = 0; i < n; ++i) {
-    const auto zpi = static_cast<int64_t>(zp[i]);
-    p.scale[i] = static_cast<C>(sp[i]);
-    p.lo[i] = integer_bound<C>(quant_min - zpi, /*up=*/true);
-    p.hi[i] = integer_bound<C>(quant_max - zpi, /*up=*/false);
+  LsqParams(const AffineFamily& family, int64_t n) : scale(n), lo(n), hi(n), scale32(n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const Consts<C> c = family.make<C>(i);
+      scale[i] = c.scale;
+      lo[i] = c.lo;
+      hi[i] = c.hi;
+      scale32[i] = family.scale.as_float(i);
+    }
   }
-  return p;
-}
+};
 
 template <typename scalar_t>
 void lsq_backward_loop(const at::Tensor& x, const at::Tensor& g, at::Tensor& gi,
@@ -185,57 +153,26 @@ void lsq_backward_loop(const at::Tensor& x, const at::Tensor& g, at::Tensor& gi,
       sum_s += partial[b * 2 * channels + c];
       sum_z += partial[b * 2 * channels + channels + c];
     }
-    grad_scale[c] = static_cast<float>(grad_factor * sum_s);
-    grad_zero_point[c] = static_cast<float>(grad_factor * (-static_cast<double>(p.scale32[c]) * sum_z));
+    grad_scale[c] = lsq_grad_scale(grad_factor, sum_s);
+    grad_zero_point[c] = lsq_grad_zero_point(grad_factor, p.scale32[c], sum_z);
   }
 }
 
-at::Tensor fake_quantize_lsq(const at::Tensor& input, const at::Tensor& scale,
-                             const at::Tensor& zero_point, std::optional<int64_t> axis,
-                             int64_t quant_min, int64_t quant_max, double grad_factor) {
-  return lsq_forward(input, scale, zero_point, axis, quant_min, quant_max, grad_factor);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quantize_lsq_backward(
-    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale,
-    const at::Tensor& zero_point, std::optional<int64_t> axis, int64_t quant_min,
-    int64_t quant_max, double grad_factor) {
-  const AffineArgs args = check_lsq_backward_args(grad, input, scale, zero_point, axis, quant_min,
-                                                  quant_max, grad_factor);
-  check_affine_values(scale, zero_point, quant_min, quant_max);
-  // grad_input is laid out like input (as the forward's output), so that in
-  // training neither input nor grad is copied.
-  at::Tensor grad_input = at::empty_like(input);
-  const at::Tensor x = dense_like(input, grad_input);
-  const at::Tensor g = dense_like(grad, grad_input);
-  at::Tensor grad_scale = at::empty(scale.sizes(), scale.options().dtype(at::kFloat));
-  at::Tensor grad_zero_point = at::empty(zero_point.sizes(), zero_point.options().dtype(at::kFloat));
-  if (input.numel() == 0) {
-    grad_scale.zero_();
-    grad_zero_point.zero_();
-    return {grad_input, grad_scale, grad_zero_point};
-  }
-  // A channel dimension of size 1 drops out of the layout: one parameter,
-  // the per-tensor case.
-  const ChannelShape shape = channel_shape(make_param_layout(grad_input, args.param_strides));
-  TORCH_INTERNAL_ASSERT(shape.channels == args.channels);
+void lsq_backward_cpu(const LsqBackwardJob& job) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "fakequant_lsq_backward", [&] {
+      at::kHalf, at::kBFloat16, job.x.scalar_type(), "fakequant_lsq_backward", [&] {
         using C = compute_t<scalar_t>;
-        const auto params = make_lsq_params<C>(scale, zero_point, quant_min, quant_max);
-        lsq_backward_loop<scalar_t>(x, g, grad_input, shape, params, grad_factor,
-                                    grad_scale.mutable_data_ptr<float>(),
-                                    grad_zero_point.mutable_data_ptr<float>());
+        const LsqParams<C> params(job.family, job.shape.channels);
+        at::Tensor grad_input = job.grad_input;
+        lsq_backward_loop<scalar_t>(job.x, job.grad, grad_input, job.shape, params, job.grad_factor,
+                                    job.grad_scale.mutable_data_ptr<float>(),
+                                    job.grad_zero_point.mutable_data_ptr<float>());
       });
-  return {grad_input, grad_scale, grad_zero_point};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fakequant, CPU, m) {
-  m.impl("fake_quantize_lsq", &fake_quantize_lsq);
-  m.impl("fake_quantize_lsq_backward", &fake_quantize_lsq_backward);
-}
+FAKEQUANT_REGISTER_KERNEL(lsq_backward_stub, CPU, &lsq_backward_cpu);
 
 }  // namespace cpu
 }  // namespace fakequant

@@ -1,17 +1,19 @@
 #pragma once
-// Checks on parameter *values* (scale > 0, amax >= 0, ...), with the messages
-// of the CPU kernels. They read the values on the host, so for CUDA tensors
-// they cost a device synchronisation: the CUDA kernels run them only when
-// value checks are switched on (FAKEQUANT_CHECK_VALUES=1) and the stream is
-// not being captured into a CUDA graph. With checks off, an invalid parameter
-// gives NaN outputs and a zero mask where it applies (DESIGN.md, Errors).
+// Checks on parameter *values* (scale > 0, amax >= 0, ...), raising with the
+// validity rules of contract.h. They read the values on the host, so for CUDA
+// tensors they cost a device synchronisation: the host functions (csrc/ops) run
+// them always for CPU tensors, and for CUDA tensors only when value checks are
+// switched on (FAKEQUANT_CHECK_VALUES=1) and the stream is not being captured
+// into a CUDA graph (run_value_checks in csrc/ops/common.cpp). With checks
+// off, an invalid parameter gives NaN outputs and a zero mask where it applies
+// (DESIGN.md, Errors).
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <strings.h>
 
-#include "checks.h"
+#include "contract.h"
 
 namespace fakequant {
 
@@ -27,13 +29,6 @@ inline bool value_checks_enabled() {
   }();
   return enabled;
 }
-
-// The rules themselves, shared with the device code's "invalid -> NaN" path.
-inline bool valid_scale(float s) { return std::isfinite(s) && s > 0.0f; }
-inline bool valid_zero_point(double zp, int64_t quant_min, int64_t quant_max) {
-  return zp == std::nearbyint(zp) && zp >= quant_min && zp <= quant_max;
-}
-inline bool valid_amax(float a) { return a >= 0.0f && std::isfinite(a); }
 
 // scale and zero_point as float32 and float64 values (any device, any layout).
 inline void check_affine_values(const at::Tensor& scale, const at::Tensor& zero_point,
@@ -69,13 +64,19 @@ inline void check_min_max_values(const at::Tensor& min_range, const at::Tensor& 
   const at::Tensor hi = max_range.to(at::kCPU, at::kFloat).contiguous();
   const float* mn = lo.const_data_ptr<float>();
   const float* mx = hi.const_data_ptr<float>();
-  const auto levels = static_cast<float>((int64_t{1} << num_bits) - 1);
+  const float levels = min_max_levels(num_bits);
   for (int64_t i = 0; i < lo.numel(); ++i) {
-    const float step = (mx[i] - mn[i]) / levels;
-    TORCH_CHECK_VALUE(std::isfinite(step) && step > 0.0f,
+    TORCH_CHECK_VALUE(valid_min_max_step(min_max_step(mn[i], mx[i], levels)),
                       "fakequant: max_range must exceed min_range and both be finite, got "
                       "min_range[", i, "] = ", mn[i], ", max_range[", i, "] = ", mx[i]);
   }
+}
+
+// scale_amax's value (read on the host: a synchronisation for CUDA tensors).
+inline void check_scale_amax_value(const at::Tensor& scale_amax) {
+  const float v = scale_amax.detach().to(at::kCPU, at::kFloat).reshape({-1})[0].item<float>();
+  TORCH_CHECK_VALUE(valid_amax(v),
+                    "fakequant: scale_amax must be finite and >= 0 (as float32), got ", v);
 }
 
 }  // namespace fakequant

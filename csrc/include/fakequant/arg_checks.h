@@ -1,0 +1,278 @@
+#pragma once
+// The argument checks of every operator, shared by every backend: they read
+// metadata only (dtype, shape, device), never tensor values, so they cost no
+// device synchronisation. Each message names the argument, the value and what
+// is allowed. Value checks (scale > 0, amax >= 0, ...) are in value_checks.h.
+// Also the layout helpers of the host functions (csrc/ops).
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "contract.h"
+#include "param_layout.h"
+
+namespace fakequant {
+
+
+inline bool is_supported_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+inline void check_input(const at::Tensor& input, const char* name = "input") {
+  TORCH_CHECK_TYPE(is_supported_float(input.scalar_type()), "fakequant: ", name,
+                   " must be float32, float16, bfloat16 or float64, got ", input.scalar_type());
+}
+
+inline void check_float_param(const at::Tensor& t, const char* name, const at::Tensor& input) {
+  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "fakequant: ", name,
+                   " must be a floating-point tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == input.device(), "fakequant: ", name, " is on ", t.device(),
+                    " but input is on ", input.device(), "; both must be on the same device");
+}
+
+inline void check_num_bits(int64_t num_bits) {
+  TORCH_CHECK_VALUE(num_bits >= kMinNumBits && num_bits <= kMaxNumBits,
+                    "fakequant: num_bits must be in [", kMinNumBits, ", ", kMaxNumBits, "], got ",
+                    num_bits);
+}
+
+inline void check_quant_range(int64_t quant_min, int64_t quant_max) {
+  TORCH_CHECK_VALUE(quant_min <= quant_max, "fakequant: quant_min (", quant_min,
+                    ") must be <= quant_max (", quant_max, ")");
+  // Integers beyond 2^31 are not exact in the float32 arithmetic of the contract.
+  constexpr int64_t lim = int64_t{1} << 31;
+  TORCH_CHECK_VALUE(quant_min >= -lim && quant_max <= lim - 1,
+                    "fakequant: quant_min and quant_max must lie in the int32 range, got [",
+                    quant_min, ", ", quant_max, "]");
+}
+
+// Per-dimension strides of a contiguous parameter tensor broadcast to `input`'s
+// shape (0 along broadcast dimensions). Raises unless `param` broadcasts to
+// exactly input's shape.
+inline std::vector<int64_t> broadcast_param_strides(const at::Tensor& param, const char* name,
+                                                    const at::Tensor& input) {
+  const int64_t nd = input.dim(), pd = param.dim();
+  bool ok = pd <= nd;
+  std::vector<int64_t> strides(nd, 0);
+  int64_t stride = 1;
+  for (int64_t i = 1; ok && i <= pd; ++i) {
+    const int64_t ps = param.size(pd - i), xs = input.size(nd - i);
+    if (ps == xs) {
+      strides[nd - i] = ps == 1 ? 0 : stride;
+    } else if (ps != 1) {
+      ok = false;
+    }
+    stride *= ps;
+  }
+  TORCH_CHECK_VALUE(ok, "fakequant: ", name, " of shape ", param.sizes(),
+                    " does not broadcast to input of shape ", input.sizes());
+  return strides;
+}
+
+// Wraps a possibly negative axis; raises if it is out of range.
+inline int64_t wrap_axis(int64_t axis, const at::Tensor& input) {
+  const int64_t nd = input.dim();
+  TORCH_CHECK_INDEX(axis >= -nd && axis < nd, "fakequant: axis ", axis,
+                    " is out of range for input with ", nd, " dimensions");
+  return axis < 0 ? axis + nd : axis;
+}
+
+
+// fake_quantize_affine: the per-dimension parameter strides (1 along `axis`,
+// 0 elsewhere) and the number of parameters.
+struct AffineArgs {
+  std::vector<int64_t> param_strides;
+  int64_t channels = 1;
+};
+
+inline AffineArgs check_affine_args(const at::Tensor& input, const at::Tensor& scale,
+                                    const at::Tensor& zero_point, std::optional<int64_t> axis,
+                                    int64_t quant_min, int64_t quant_max) {
+  check_input(input);
+  check_float_param(scale, "scale", input);
+  TORCH_CHECK_TYPE(
+      at::isFloatingType(zero_point.scalar_type()) ||
+          at::isIntegralType(zero_point.scalar_type(), /*includeBool=*/false),
+      "fakequant: zero_point must be an integer or floating-point tensor, got ",
+      zero_point.scalar_type());
+  TORCH_CHECK_VALUE(zero_point.device() == input.device(), "fakequant: zero_point is on ",
+                    zero_point.device(), " but input is on ", input.device(),
+                    "; both must be on the same device");
+  check_quant_range(quant_min, quant_max);
+
+  AffineArgs args;
+  args.param_strides.assign(input.dim(), 0);
+  if (axis.has_value()) {
+    const int64_t dim = wrap_axis(*axis, input);
+    args.channels = input.size(dim);
+    args.param_strides[dim] = 1;
+  }
+  const char* what = axis.has_value() ? " (input's size along axis)" : " (per-tensor)";
+  TORCH_CHECK_VALUE(scale.numel() == args.channels, "fakequant: scale must have ", args.channels,
+                    " elements", what, ", got ", scale.numel());
+  TORCH_CHECK_VALUE(zero_point.numel() == args.channels, "fakequant: zero_point must have ",
+                    args.channels, " elements", what, ", got ", zero_point.numel());
+  return args;
+}
+
+// fake_quantize_amax / quantize_amax: amax's broadcast strides.
+inline std::vector<int64_t> check_amax_args(const at::Tensor& input, const at::Tensor& amax,
+                                            int64_t num_bits) {
+  check_input(input);
+  check_float_param(amax, "amax", input);
+  check_num_bits(num_bits);
+  return broadcast_param_strides(amax, "amax", input);
+}
+
+// fake_quantize_fp8: amax's broadcast strides. The format must be E4M3
+// (exponent_bits=4, mantissa_bits=3) or E5M2 (5, 2).
+inline std::vector<int64_t> check_fp8_args(const at::Tensor& input, const at::Tensor& amax,
+                                           int64_t exponent_bits, int64_t mantissa_bits) {
+  check_input(input);
+  check_float_param(amax, "amax", input);
+  TORCH_CHECK_VALUE((exponent_bits == 4 && mantissa_bits == 3) ||
+                        (exponent_bits == 5 && mantissa_bits == 2),
+                    "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) for FP8 E4M3 or "
+                    "(5, 2) for FP8 E5M2, got (", exponent_bits, ", ", mantissa_bits, ")");
+  return broadcast_param_strides(amax, "amax", input);
+}
+
+// fake_quantize_min_max: the shape both ranges broadcast to (they both
+// broadcast to input, so to each other).
+inline std::vector<int64_t> check_min_max_args(const at::Tensor& input,
+                                               const at::Tensor& min_range,
+                                               const at::Tensor& max_range, int64_t num_bits) {
+  check_input(input);
+  check_float_param(min_range, "min_range", input);
+  check_float_param(max_range, "max_range", input);
+  check_num_bits(num_bits);
+  broadcast_param_strides(min_range, "min_range", input);
+  broadcast_param_strides(max_range, "max_range", input);
+  return at::infer_size(min_range.sizes(), max_range.sizes());
+}
+
+inline void check_mask_backward_args(const at::Tensor& grad, const at::Tensor& mask) {
+  check_input(grad, "grad");
+  TORCH_CHECK_VALUE(mask.device() == grad.device(), "fakequant: mask is on ", mask.device(),
+                    " but grad is on ", grad.device(), "; both must be on the same device");
+  if (mask.scalar_type() == at::kBool) {
+    TORCH_CHECK_VALUE(mask.sizes() == grad.sizes(), "fakequant: a bool mask must have grad's shape ",
+                      grad.sizes(), ", got ", mask.sizes());
+  } else {
+    TORCH_CHECK_TYPE(mask.scalar_type() == at::kByte,
+                     "fakequant: mask must be uint8 (packed bits) or bool, got ",
+                     mask.scalar_type());
+    TORCH_CHECK_VALUE(mask.dim() == 1 && mask.numel() == packed_mask_bytes(grad.numel()),
+                      "fakequant: a packed mask for grad of ", grad.numel(),
+                      " elements must be 1-D with ", packed_mask_bytes(grad.numel()), " bytes, got shape ",
+                      mask.sizes());
+  }
+}
+
+// `input` itself when it is laid out like `out` (dense, same strides), else a
+// copy of it with out's strides, so that both are walked in one memory order.
+inline at::Tensor dense_like(const at::Tensor& input, const at::Tensor& out) {
+  if (input.is_non_overlapping_and_dense() && input.strides() == out.strides()) return input;
+  at::Tensor copy = at::empty_like(out, input.options());
+  copy.copy_(input);
+  return copy;
+}
+
+// The mask an operator returns with `y`: packed (uint8, one bit per element of
+// y in memory order) or bool shaped and laid out like y.
+inline at::Tensor new_mask(const at::Tensor& y, bool packed) {
+  if (packed) return at::empty({packed_mask_bytes(y.numel())}, y.options().dtype(at::kByte));
+  return at::empty_like(y, y.options().dtype(at::kBool));
+}
+
+
+// --- LSQ ---
+
+inline void check_grad_factor(double grad_factor) {
+  TORCH_CHECK_VALUE(std::isfinite(grad_factor), "fakequant: grad_factor must be finite, got ",
+                    grad_factor);
+}
+
+inline AffineArgs check_lsq_backward_args(const at::Tensor& grad, const at::Tensor& input,
+                                          const at::Tensor& scale, const at::Tensor& zero_point,
+                                          std::optional<int64_t> axis, int64_t quant_min,
+                                          int64_t quant_max, double grad_factor) {
+  AffineArgs args = check_affine_args(input, scale, zero_point, axis, quant_min, quant_max);
+  check_input(grad, "grad");
+  TORCH_CHECK_VALUE(grad.device() == input.device(), "fakequant: grad is on ", grad.device(),
+                    " but input is on ", input.device(), "; both must be on the same device");
+  TORCH_CHECK_TYPE(grad.scalar_type() == input.scalar_type(), "fakequant: grad must have input's dtype ",
+                   input.scalar_type(), ", got ", grad.scalar_type());
+  TORCH_CHECK_VALUE(grad.sizes() == input.sizes(), "fakequant: grad must have input's shape ",
+                    input.sizes(), ", got ", grad.sizes());
+  check_grad_factor(grad_factor);
+  return args;
+}
+
+// --- block-wise ---
+
+
+struct BlockwiseArgs {
+  Elem elem = Elem::kInt;
+  float elem_max = 0.0f;  // the largest element magnitude: the integer bound or the format's max
+  float quant_min = 0.0f, quant_max = 0.0f;  // integers only: the clamp range of rint(x / s)
+  float float_limit = 0.0f;  // floats only: the largest |x / s| not saturated
+  bool two_level = false;  // scale_amax given
+};
+
+inline BlockwiseArgs check_blockwise_args(const at::Tensor& input, int64_t block_size,
+                                          int64_t num_bits, bool is_unsigned, bool narrow_range,
+                                          int64_t exponent_bits,
+                                          const std::optional<at::Tensor>& scale_amax) {
+  check_input(input);
+  TORCH_CHECK_VALUE(block_size >= 1, "fakequant: block_size must be >= 1, got ", block_size);
+  TORCH_CHECK_VALUE(exponent_bits >= 0,
+                    "fakequant: exponent_bits must be 0 (integers), 2, 4 or 5, got ",
+                    exponent_bits);
+  BlockwiseArgs args;
+  if (exponent_bits == 0) {
+    check_num_bits(num_bits);
+    const int64_t bound = amax_bound(num_bits, is_unsigned);
+    args.elem = Elem::kInt;
+    args.elem_max = static_cast<float>(bound);
+    args.quant_min = static_cast<float>(amax_quant_min(bound, is_unsigned, narrow_range));
+    args.quant_max = static_cast<float>(bound);
+  } else {
+    if (num_bits == 4 && exponent_bits == 2) {
+      args.elem = Elem::kE2M1;
+    } else if (num_bits == 8 && exponent_bits == 4) {
+      args.elem = Elem::kE4M3;
+    } else if (num_bits == 8 && exponent_bits == 5) {
+      args.elem = Elem::kE5M2;
+    } else {
+      TORCH_CHECK_VALUE(false,
+                        "fakequant: (num_bits, exponent_bits) must be (4, 2) for E2M1, (8, 4) for "
+                        "E4M3 or (8, 5) for E5M2 (or exponent_bits 0 for integers), got (",
+                        num_bits, ", ", exponent_bits, ")");
+    }
+    TORCH_CHECK_VALUE(!is_unsigned, "fakequant: unsigned must be False for floating-point elements "
+                      "(exponent_bits ", exponent_bits, ")");
+    const FloatFormat f = args.elem == Elem::kE2M1 ? kE2M1 : (args.elem == Elem::kE4M3 ? kE4M3 : kE5M2);
+    args.elem_max = f.max;
+    args.float_limit = saturation_limit(f);
+  }
+  if (scale_amax.has_value()) {
+    check_float_param(*scale_amax, "scale_amax", input);
+    TORCH_CHECK_VALUE(scale_amax->numel() == 1, "fakequant: scale_amax must have one element, got ",
+                      scale_amax->numel(), " (shape ", scale_amax->sizes(), ")");
+    args.two_level = true;
+  }
+  return args;
+}
+
+// The output keeps input's strides when rows (the last dimension) are runs of
+// memory and the tensor is dense; otherwise the kernels work on a contiguous
+// copy and the output is contiguous.
+inline bool blockwise_keeps_layout(const at::Tensor& input) {
+  return input.is_non_overlapping_and_dense() &&
+         (input.dim() == 0 || input.size(-1) <= 1 || input.stride(-1) == 1);
+}
+
+}  // namespace fakequant

@@ -1,0 +1,495 @@
+#pragma once
+// The element contract of every fakequant operator (DESIGN.md, "Numerics
+// contract"), written once for the CPU loops (csrc/cpu) and the CUDA kernels
+// (csrc/cuda), which both call what is here:
+//
+//   - the constants and ranges (num_bits limits, the amax bound and range, the
+//     tiny-amax epsilon; the float formats' maxima are in float_formats.h);
+//   - correctly rounded arithmetic: the _rn intrinsics in device code, plain
+//     operators on the host (built with -ffp-contract=off, no fast math);
+//   - the validity of parameter values (an invalid parameter gives NaN outputs
+//     and mask 0 where the values are not checked first: CUDA without
+//     FAKEQUANT_CHECK_VALUES);
+//   - the parameter-to-constants builder of each op family (affine, min/max,
+//     amax with an integer or FP8 grid): parameter i -> Consts;
+//   - the quantize and mask rule for every output kind and mask window;
+//   - the block-wise rule: geometry, block scale, degenerate block, element;
+//   - the LSQ gradient rule;
+//   - the mask-backward select and the packed mask's bit order.
+//
+// Signed zeros: the integer grids return +0.0 where q is 0 (q + 0.0 before the
+// multiply), as ONNX Runtime's DequantizeLinear does. The float grids (FP8 and
+// the block-wise E2M1/E4M3/E5M2 elements) keep the sign of a zero: ONNX
+// Runtime's float8 QuantizeLinear keeps it in the float8 code, and its
+// DequantizeLinear (and the Div/Round/Mul graph of E2M1) give -0.0 for a tiny
+// negative input, which these rules match.
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <math.h>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "float_formats.h"
+
+namespace fakequant {
+
+// --- constants and ranges ------------------------------------------------------------
+
+// The integer widths every integer op accepts.
+constexpr int64_t kMinNumBits = 2;
+constexpr int64_t kMaxNumBits = 16;
+
+// Below this, amax is treated as 0 and the output is 0 (pytorch-quantization's
+// epsilon, the smallest float16 subnormal).
+constexpr float kAmaxEpsilon = 1.0f / (1 << 24);
+
+// The bound of the amax family: 2^(num_bits - 1 + unsigned) - 1, and the
+// smallest integer of its range ([0, bound] unsigned, [-bound, bound] narrow,
+// else [-bound - 1, bound]).
+C10_HOST_DEVICE constexpr int64_t amax_bound(int64_t num_bits, bool is_unsigned) {
+  return (int64_t{1} << (num_bits - 1 + (is_unsigned ? 1 : 0))) - 1;
+}
+C10_HOST_DEVICE constexpr int64_t amax_quant_min(int64_t bound, bool is_unsigned,
+                                                 bool narrow_range) {
+  return is_unsigned ? 0 : (narrow_range ? -bound : -bound - 1);
+}
+
+// The steps of fake_quantize_min_max's range: 2^num_bits - 1.
+C10_HOST_DEVICE constexpr float min_max_levels(int64_t num_bits) {
+  return static_cast<float>((int64_t{1} << num_bits) - 1);
+}
+
+// --- arithmetic: one rounding per operation ---------------------------------------------
+
+// float32 math for float32/float16/bfloat16 inputs, float64 for float64.
+template <typename scalar_t>
+using compute_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+// Round half to even (cvt.rni).
+__device__ __forceinline__ float round_half_even(float v) { return rintf(v); }
+__device__ __forceinline__ double round_half_even(double v) { return rint(v); }
+__device__ __forceinline__ float to_float_rn(float v) { return v; }
+__device__ __forceinline__ float to_float_rn(double v) { return __double2float_rn(v); }
+__device__ __forceinline__ float abs_value(float v) { return fabsf(v); }
+__device__ __forceinline__ double abs_value(double v) { return fabs(v); }
+#else
+template <typename C>
+inline C div_rn(C a, C b) { return a / b; }
+template <typename C>
+inline C mul_rn(C a, C b) { return a * b; }
+template <typename C>
+inline C add_rn(C a, C b) { return a + b; }
+template <typename C>
+inline C sub_rn(C a, C b) { return a - b; }
+// The default rounding mode (ties to even), which PyTorch never changes; one
+// vround/frintn instruction from SSE4.1 and Armv8 on.
+template <typename C>
+inline C round_half_even(C v) { return std::nearbyint(v); }
+inline float to_float_rn(float v) { return v; }
+inline float to_float_rn(double v) { return static_cast<float>(v); }
+template <typename C>
+inline C abs_value(C v) { return std::abs(v); }
+#endif
+
+template <typename C>
+C10_HOST_DEVICE inline C clamp_nan(C v, C lo, C hi) {
+  return v < lo ? lo : (v > hi ? hi : v);  // NaN falls through both tests
+}
+
+// The bounds of r = rint(x / scale) for the affine ops: quant_min - zero_point
+// and quant_max - zero_point, which the rules clamp r to (so (q - zp) is never
+// formed and rounded) and test for the mask. Both are integers; with ranges of
+// more than 2^24 levels (float32) they need not be values of C. Rounding them
+// inward (lo up, hi down) keeps the mask exact, and a clamped output inside the
+// range. v is exact in double (|v| < 2^33 for int32 ranges and zero points).
+C10_HOST_DEVICE inline float next_toward(float v, float to) { return nextafterf(v, to); }
+C10_HOST_DEVICE inline double next_toward(double v, double to) { return nextafter(v, to); }
+
+template <typename C>
+C10_HOST_DEVICE inline C integer_bound(int64_t v, bool up) {
+  const double exact = static_cast<double>(v);
+  const C c = static_cast<C>(v);
+  if (up && static_cast<double>(c) < exact) return next_toward(c, C(INFINITY));
+  if (!up && static_cast<double>(c) > exact) return next_toward(c, C(-INFINITY));
+  return c;
+}
+
+// --- the float grids --------------------------------------------------------------------------
+
+// Rounding to the values of a small float format (float_formats.h), in float32 on
+// every device: saturate to +-max, then round to the nearest value of the format,
+// ties to even, as torch's float8 casts round. Branch-free bit arithmetic, so the
+// CPU loops vectorise.
+// v saturated to [-f.max, f.max] and rounded to the format; NaN stays NaN.
+// The spacing of the format's values around v is 2^(e - M) where 2^e <= |v| <
+// 2^(e+1), and 2^(min_exponent - M) among the subnormals; scaling by its inverse (a
+// power of two: exact) puts the values on the integers, where rint rounds ties to
+// even. A carry into the next binade lands on a value of the format too.
+C10_HOST_DEVICE inline float round_to_format(float v, FloatFormat f) {
+  v = clamp_nan(v, -f.max, f.max);
+  const int32_t exponent = static_cast<int32_t>(float_to_bits(v) & 0x7f800000u);
+  const int32_t smallest = (f.min_exponent - f.mantissa_bits + 127) << 23;
+  int32_t quantum = exponent - (f.mantissa_bits << 23);
+  quantum = quantum < smallest ? smallest : quantum;
+  const float step = bits_to_float(static_cast<uint32_t>(quantum));
+  const float inverse = bits_to_float(static_cast<uint32_t>((254 << 23) - quantum));
+  return mul_rn(round_half_even(mul_rn(v, inverse)), step);
+}
+
+// --- validity of parameter values ----------------------------------------------------------
+// The CPU always checks values before it runs (value_checks.h raises with these
+// rules); the builders below turn an invalid parameter into NaN constants.
+
+C10_HOST_DEVICE inline bool valid_scale(float s) { return s > 0.0f && s < INFINITY; }
+C10_HOST_DEVICE inline bool valid_zero_point(double zp, int64_t quant_min, int64_t quant_max) {
+  return zp == round_half_even(zp) && zp >= static_cast<double>(quant_min) &&
+         zp <= static_cast<double>(quant_max);
+}
+C10_HOST_DEVICE inline bool valid_amax(float a) { return a >= 0.0f && a < INFINITY; }
+// min_max's scale, (max_range - min_range) / levels in float32, and its validity.
+C10_HOST_DEVICE inline float min_max_step(float min_range, float max_range, float levels) {
+  return div_rn(sub_rn(max_range, min_range), levels);
+}
+C10_HOST_DEVICE inline bool valid_min_max_step(float step) { return step > 0.0f && step < INFINITY; }
+
+// --- parameters as stored ---------------------------------------------------------------------
+
+// A contiguous parameter tensor read in its own dtype (on the host for CPU
+// tensors, on the device for CUDA tensors), so that no conversion runs first.
+enum class ParamType : int8_t { kFloat, kDouble, kHalf, kBFloat16, kUInt8, kInt8, kInt16, kInt32, kInt64 };
+
+struct ParamPtr {
+  const void* data;
+  ParamType type;
+
+  // The value as `.to(at::kDouble)` gives it (exact for every type here but
+  // int64 beyond 2^53, which rounds to nearest as that conversion does).
+  C10_HOST_DEVICE double as_double(int64_t i) const {
+    switch (type) {
+      case ParamType::kFloat: return static_cast<const float*>(data)[i];
+      case ParamType::kDouble: return static_cast<const double*>(data)[i];
+      case ParamType::kHalf: return static_cast<float>(static_cast<const c10::Half*>(data)[i]);
+      case ParamType::kBFloat16:
+        return static_cast<float>(static_cast<const c10::BFloat16*>(data)[i]);
+      case ParamType::kUInt8: return static_cast<const uint8_t*>(data)[i];
+      case ParamType::kInt8: return static_cast<const int8_t*>(data)[i];
+      case ParamType::kInt16: return static_cast<const int16_t*>(data)[i];
+      case ParamType::kInt32: return static_cast<const int32_t*>(data)[i];
+      default: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    }
+  }
+  // The value as `.to(at::kFloat)` gives it (float64 rounds to nearest even).
+  C10_HOST_DEVICE float as_float(int64_t i) const {
+    switch (type) {
+      case ParamType::kFloat: return static_cast<const float*>(data)[i];
+      case ParamType::kHalf: return static_cast<float>(static_cast<const c10::Half*>(data)[i]);
+      case ParamType::kBFloat16:
+        return static_cast<float>(static_cast<const c10::BFloat16*>(data)[i]);
+      default: return to_float_rn(as_double(i));
+    }
+  }
+};
+
+// --- the constants of one parameter ---------------------------------------------------------
+
+// lo/hi bound rint(x / scale) (the quantization range less the zero point), or
+// x / scale for the FP8 grids (+-max of the format); the mask window is
+// [window_lo, window_hi] of x where the mask is the input window. Padded to 8
+// members so that a CUDA table entry is two (float) or four (double) 128-bit loads.
+template <typename C>
+struct alignas(8 * sizeof(C)) Consts {
+  C scale, lo, hi, zero_point, window_lo, window_hi, pad0, pad1;
+};
+
+// An invalid parameter: NaN outputs and mask 0 (every comparison with NaN is false).
+template <typename C>
+C10_HOST_DEVICE inline Consts<C> invalid_consts() {
+  const C nan = std::numeric_limits<C>::quiet_NaN();
+  return Consts<C>{nan, nan, nan, nan, nan, nan, C(0), C(0)};
+}
+
+// (q - zp) * scale, q itself, or fp8(clamp(x / scale, lo, hi)) * scale
+enum class Output { kFake, kInteger, kFp8E4M3, kFp8E5M2 };
+// The mask: rint(x / scale) unclamped in [lo, hi], or x in [window_lo, window_hi].
+enum class Window { kQuantRange, kInput };
+// What the op returns beside y: a packed mask (one bit per element in memory
+// order), a bool mask shaped like y, or none (fake_quantize_lsq's forward).
+enum class MaskOut { kPacked, kBool, kNone };
+
+C10_HOST_DEVICE constexpr bool is_fp8(Output o) {
+  return o == Output::kFp8E4M3 || o == Output::kFp8E5M2;
+}
+
+// --- the op families: parameter i -> its constants ----------------------------------------
+
+// fake_quantize_affine (and LSQ): scale and zero point given.
+struct AffineFamily {
+  static constexpr Window kWindow = Window::kQuantRange;
+  ParamPtr scale, zero_point;
+  int64_t quant_min, quant_max;
+
+  template <typename C>
+  C10_HOST_DEVICE Consts<C> make(int64_t i) const {
+    const float s = scale.as_float(i);
+    const double z = zero_point.as_double(i);
+    if (!(valid_scale(s) && valid_zero_point(z, quant_min, quant_max))) {
+      return invalid_consts<C>();
+    }
+    const auto zi = static_cast<int64_t>(z);
+    Consts<C> c{};
+    c.scale = static_cast<C>(s);
+    c.lo = integer_bound<C>(quant_min - zi, /*up=*/true);
+    c.hi = integer_bound<C>(quant_max - zi, /*up=*/false);
+    c.zero_point = static_cast<C>(zi);
+    return c;
+  }
+};
+
+// fake_quantize_min_max: scale = (max_range - min_range) / levels, the range
+// starting at the integer min_range maps to; mask min_range <= x <= max_range.
+struct MinMaxFamily {
+  static constexpr Window kWindow = Window::kInput;
+  ParamPtr min_range, max_range;
+  float levels;  // min_max_levels(num_bits)
+
+  template <typename C>
+  C10_HOST_DEVICE Consts<C> make(int64_t i) const {
+    const float mn = min_range.as_float(i);
+    const float mx = max_range.as_float(i);
+    const float step = min_max_step(mn, mx, levels);
+    if (!valid_min_max_step(step)) return invalid_consts<C>();
+    const float first = round_half_even(div_rn(mn, step));  // the integer min_range maps to
+    Consts<C> c{};
+    c.scale = static_cast<C>(step);
+    c.lo = static_cast<C>(first);
+    c.hi = static_cast<C>(add_rn(first, levels));
+    c.window_lo = static_cast<C>(mn);
+    c.window_hi = static_cast<C>(mx);
+    return c;
+  }
+};
+
+// The amax family (fake_quantize_amax, quantize_amax, fake_quantize_fp8):
+// scale = amax / bound, range [quant_min, bound] of rint(x / scale) (integers,
+// exact in float) or of x / scale (FP8: +-max of the format); mask |x| <= amax;
+// amax <= kAmaxEpsilon quantizes everything to 0 (scale 1, range [0, 0]).
+struct AmaxFamily {
+  static constexpr Window kWindow = Window::kInput;
+  ParamPtr amax;
+  float bound, quant_min;
+
+  template <typename C>
+  C10_HOST_DEVICE Consts<C> make(int64_t i) const {
+    const float a = amax.as_float(i);
+    if (!valid_amax(a)) return invalid_consts<C>();
+    const bool zero = a <= kAmaxEpsilon;
+    Consts<C> c{};
+    c.scale = zero ? C(1) : static_cast<C>(div_rn(a, bound));
+    c.lo = zero ? C(0) : static_cast<C>(quant_min);
+    c.hi = zero ? C(0) : static_cast<C>(bound);
+    c.zero_point = C(0);
+    c.window_lo = -static_cast<C>(a);
+    c.window_hi = static_cast<C>(a);
+    return c;
+  }
+};
+
+// --- the quantize rule ------------------------------------------------------------------------
+
+// One element x (in the compute type) with its parameter's constants: returns
+// y and sets m to the mask bit (0 or 1). The constants come one by one so that
+// the CPU loops can keep them in separate arrays (vectorised loads).
+template <Output O, Window W, typename C, typename M>
+C10_HOST_DEVICE inline C quantize_value(C xv, C s, C lo, C hi, C zp, C wlo, C whi, M& m) {
+  if constexpr (is_fp8(O)) {
+    static_assert(W == Window::kInput, "the FP8 mask is the input window |x| <= amax");
+    constexpr FloatFormat format = O == Output::kFp8E4M3 ? kE4M3 : kE5M2;
+    const C c = clamp_nan(div_rn(xv, s), lo, hi);
+    m = static_cast<M>((xv >= wlo) & (xv <= whi));
+    // float64 goes through float32 first, as torch's double -> float8 cast does;
+    // a zero keeps its sign (see the top of this file).
+    return mul_rn(static_cast<C>(round_to_format(to_float_rn(c), format)), s);
+  } else {
+    const C r = round_half_even(div_rn(xv, s));
+    const C q = clamp_nan(r, lo, hi);
+    m = W == Window::kQuantRange ? static_cast<M>((r >= lo) & (r <= hi))
+                                 : static_cast<M>((xv >= wlo) & (xv <= whi));
+    // + 0.0: q = -0.0 (x in (-s/2, 0)) dequantizes to +0.0, as in ONNX Runtime.
+    return O == Output::kFake ? mul_rn(add_rn(q, C(0)), s) : add_rn(q, zp);
+  }
+}
+
+template <Output O, Window W, typename C, typename M>
+C10_HOST_DEVICE inline C quantize_value(C xv, const Consts<C>& p, M& m) {
+  return quantize_value<O, W>(xv, p.scale, p.lo, p.hi, p.zero_point, p.window_lo, p.window_hi, m);
+}
+
+// --- block-wise ---------------------------------------------------------------------------------
+
+// The element format: integers (exponent_bits == 0) or one of the small floats.
+enum class Elem : int { kInt, kE2M1, kE4M3, kE5M2 };
+
+// (Device code may not refer to namespace-scope objects such as kE4M3 at run
+// time, so the formats are copied into constexpr locals first.)
+template <Elem E>
+C10_HOST_DEVICE constexpr FloatFormat float_format_of() {
+  return E == Elem::kE2M1 ? kE2M1 : (E == Elem::kE4M3 ? kE4M3 : kE5M2);
+}
+
+// The mask of a float element: |x / s| at most this, i.e. x / s rounds to the format
+// without saturating (max + half the top step; at the tie itself E4M3 rounds down
+// to max, E5M2/E2M1 up, which the mask ignores).
+C10_HOST_DEVICE constexpr float saturation_limit(FloatFormat f) {
+  return f.max == kE2M1.max ? 7.0f : (f.max == kE4M3.max ? 464.0f : 61440.0f);
+}
+
+// Blocks tile memory without gaps, walked as rows of row_len elements:
+// row_len = block_size when it divides the last dimension (one block per row),
+// else the last dimension (ceil(L / block_size) blocks, the last one shorter).
+struct BlockGeometry {
+  int64_t row_len;         // R
+  int64_t block_size;      // full blocks; <= R unless one block covers a whole row
+  int64_t blocks_per_row;  // ceil(R / block_size)
+  int64_t last_len;        // length of a row's last block
+};
+
+C10_HOST_DEVICE inline BlockGeometry block_geometry(int64_t last_dim, int64_t block_size) {
+  BlockGeometry geo{};
+  if (last_dim % block_size == 0) {
+    geo.row_len = block_size;
+    geo.block_size = block_size;
+    geo.blocks_per_row = 1;
+    geo.last_len = block_size;
+  } else {
+    geo.row_len = last_dim;
+    geo.block_size = block_size < last_dim ? block_size : last_dim;
+    geo.blocks_per_row = (last_dim + block_size - 1) / block_size;
+    geo.last_len = last_dim - (geo.blocks_per_row - 1) * geo.block_size;
+  }
+  return geo;
+}
+
+// The element rule's constants of one call.
+template <typename C>
+struct BlockRule {
+  C quant_min, quant_max;  // integer elements: the clamp range of rint(x / s)
+  C float_limit;           // float elements: the largest |x / s| not saturated
+};
+
+// The per-tensor scale of the block scales (two-level, NVFP4): scale_amax /
+// (elem_max * 448), elem_max * 448 exact in float32; NaN for an invalid
+// scale_amax, which then makes every output NaN.
+C10_HOST_DEVICE inline float blockwise_global_scale(float scale_amax, float elem_max) {
+  constexpr float kScaleMax = kE4M3.max;
+  if (!valid_amax(scale_amax)) return std::numeric_limits<float>::quiet_NaN();
+  return div_rn(scale_amax, mul_rn(elem_max, kScaleMax));
+}
+
+// A block's amax in float32: the largest bit pattern of |fp32(x)| (NaN
+// propagates: NaN's patterns exceed inf's).
+C10_HOST_DEVICE inline uint32_t abs_bits(float v) { return float_to_bits(v) & 0x7fffffffu; }
+
+// The scale of a block with amax `amax` (float32). One level: amax / elem_max.
+// Two levels: that scale rounded to E4M3 against the per-tensor scale g.
+template <bool kTwoLevel>
+C10_HOST_DEVICE inline float blockwise_scale(float amax, float elem_max, float g) {
+  constexpr FloatFormat kScaleFormat = kE4M3;
+  const float s = div_rn(amax, elem_max);
+  return kTwoLevel ? mul_rn(round_to_format(div_rn(s, g), kScaleFormat), g) : s;
+}
+
+// Whether a block is degenerate: its outputs are 0 (NaN staying NaN). g is 1
+// for one-level scales; a NaN g (an invalid scale_amax on CUDA with value
+// checks off) makes no block degenerate, so every output is NaN.
+C10_HOST_DEVICE inline bool blockwise_degenerate(float amax, float s, float g) {
+  return (g == g) & ((amax <= kAmaxEpsilon) | (s == 0.0f) | (g <= 0.0f));
+}
+
+// An element of a degenerate block: +0, NaN staying NaN; the mask marks numbers.
+template <typename C, typename M>
+C10_HOST_DEVICE inline C degenerate_value(C xv, M& m) {
+  const bool number = xv == xv;
+  m = static_cast<M>(number);
+  return number ? C(0) : xv;
+}
+
+// An element of a block with scale s. The mask marks elements rounding did not
+// saturate: rint(x / s) within [quant_min, quant_max], or |x / s| within the
+// format's limit. Integers give +0.0 for q = -0.0; float elements keep the sign.
+template <Elem E, typename C, typename M>
+C10_HOST_DEVICE inline C blockwise_value(C xv, C s, const BlockRule<C>& rule, M& m) {
+  const C xs = div_rn(xv, s);
+  if constexpr (E == Elem::kInt) {
+    const C r = round_half_even(xs);
+    m = static_cast<M>((r >= rule.quant_min) & (r <= rule.quant_max));
+    return mul_rn(add_rn(clamp_nan(r, rule.quant_min, rule.quant_max), C(0)), s);
+  } else {
+    m = static_cast<M>(abs_value(xs) <= rule.float_limit);
+    return mul_rn(static_cast<C>(round_to_format(to_float_rn(xs), float_format_of<E>())), s);
+  }
+}
+
+// --- LSQ ------------------------------------------------------------------------------------------
+
+// The LSQ/LSQ+ gradient terms of one element: with v = x / s, r = rint(v) and
+// inside = lo <= r <= hi,
+//   d = inside ? r - v : clamp(r, lo, hi)   (grad * d sums into grad_scale),
+//   z = inside ? 0 : 1                      (grad * z sums into grad_zero_point, times -s),
+// and grad_input = grad where inside, else +0. A NaN x makes d and z NaN (as NaN
+// makes the sums NaN in plain PyTorch); its grad_input is 0.
+template <typename C>
+struct LsqTerms {
+  C d, z;
+  bool inside;
+};
+
+template <typename C>
+C10_HOST_DEVICE inline LsqTerms<C> lsq_terms(C xv, C s, C lo, C hi) {
+  const C v = div_rn(xv, s);
+  const C r = round_half_even(v);
+  const bool inside = (r >= lo) & (r <= hi);
+  const C q = clamp_nan(r, lo, hi);
+  return LsqTerms<C>{inside ? sub_rn(r, v) : q, inside ? C(0) : (r == r ? C(1) : r), inside};
+}
+
+// grad * term in float64, the summand of both sums.
+template <typename C>
+C10_HOST_DEVICE inline double lsq_summand(C grad, C term) {
+  return mul_rn(static_cast<double>(grad), static_cast<double>(term));
+}
+
+// The final gradients from a channel's sums: grad_factor * sum_d and
+// grad_factor * (-s * sum_z), rounded to float32.
+C10_HOST_DEVICE inline float lsq_grad_scale(double grad_factor, double sum_d) {
+  return to_float_rn(mul_rn(grad_factor, sum_d));
+}
+C10_HOST_DEVICE inline float lsq_grad_zero_point(double grad_factor, float scale, double sum_z) {
+  return to_float_rn(mul_rn(grad_factor, mul_rn(-static_cast<double>(scale), sum_z)));
+}
+
+// --- backward and mask layout -----------------------------------------------------------------
+
+// grad where m (0 or 1), else +0: selected on bit patterns (grad & -m), so that a
+// NaN gradient is masked to +0 too.
+template <typename bits_t>
+C10_HOST_DEVICE inline bits_t select_bits(bits_t g, unsigned m) {
+  return g & static_cast<bits_t>(bits_t(0) - static_cast<bits_t>(m));
+}
+
+// A packed mask holds element e (in memory order) at bit e % 8 of byte e / 8.
+C10_HOST_DEVICE constexpr int64_t packed_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
+
+}  // namespace fakequant

@@ -1,0 +1,87 @@
+#pragma once
+// What every host function (csrc/ops/*.cpp) shares: the device scope, the
+// decision to check parameter values, parameters as the rules read them, and
+// the forward of the affine, min/max and amax families. Device-generic: no
+// CUDA header here; the backends are reached through the kernel table.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <optional>
+#include <tuple>
+
+#include "fakequant/arg_checks.h"
+#include "fakequant/kernel_table.h"
+#include "fakequant/value_checks.h"
+
+namespace fakequant {
+
+// The input's device made current for the op (nothing to do for CPU tensors).
+class DeviceScope {
+ public:
+  explicit DeviceScope(const at::Tensor& t) {
+    if (!t.is_cpu()) guard_.reset_device(t.device());
+  }
+
+ private:
+  c10::OptionalDeviceGuard guard_;
+};
+
+// Whether this call checks parameter values: always for CPU tensors; for
+// others when FAKEQUANT_CHECK_VALUES=1 and the current stream is not being
+// captured into a graph. Call it inside the op's DeviceScope.
+bool run_value_checks(const at::Tensor& input);
+
+// A contiguous tensor of a dtype that ParamPtr reads: `t` itself when it is one
+// already, else a converted copy (float32 for other floating types such as
+// float8, float64 for other integer types; both exact). Keep it alive while the
+// job runs.
+at::Tensor param_tensor(const at::Tensor& t);
+ParamPtr param_ptr(const at::Tensor& contiguous);
+
+// y laid out like input and the mask (`mask_out`), and the kernel run over
+// them with `family`'s constants; `param_strides` maps input's dimensions onto
+// the `num_params` parameters.
+std::tuple<at::Tensor, at::Tensor> run_quantize(
+    const at::Tensor& input, at::IntArrayRef param_strides, int64_t num_params,
+    const std::variant<AffineFamily, MinMaxFamily, AmaxFamily>& family, Output output,
+    MaskOut mask_out);
+
+// fake_quantize_affine's forward with any mask kind (LSQ's forward has none).
+std::tuple<at::Tensor, at::Tensor> quantize_affine_family(
+    const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,
+    std::optional<int64_t> axis, int64_t quant_min, int64_t quant_max, MaskOut mask_out);
+
+// The host functions, one per operator (registered in registration.cpp).
+std::tuple<at::Tensor, at::Tensor> fake_quantize_affine(const at::Tensor& input,
+                                                        const at::Tensor& scale,
+                                                        const at::Tensor& zero_point,
+                                                        std::optional<int64_t> axis,
+                                                        int64_t quant_min, int64_t quant_max,
+                                                        bool pack_mask);
+std::tuple<at::Tensor, at::Tensor> fake_quantize_min_max(const at::Tensor& input,
+                                                         const at::Tensor& min_range,
+                                                         const at::Tensor& max_range,
+                                                         int64_t num_bits);
+std::tuple<at::Tensor, at::Tensor> fake_quantize_amax(const at::Tensor& input,
+                                                      const at::Tensor& amax, int64_t num_bits,
+                                                      bool is_unsigned, bool narrow_range);
+std::tuple<at::Tensor, at::Tensor> quantize_amax(const at::Tensor& input, const at::Tensor& amax,
+                                                 int64_t num_bits, bool is_unsigned,
+                                                 bool narrow_range);
+std::tuple<at::Tensor, at::Tensor> fake_quantize_fp8(const at::Tensor& input,
+                                                     const at::Tensor& amax,
+                                                     int64_t exponent_bits,
+                                                     int64_t mantissa_bits);
+std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
+    const at::Tensor& input, int64_t block_size, int64_t num_bits, bool is_unsigned,
+    bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax);
+at::Tensor fake_quantize_lsq(const at::Tensor& input, const at::Tensor& scale,
+                             const at::Tensor& zero_point, std::optional<int64_t> axis,
+                             int64_t quant_min, int64_t quant_max, double grad_factor);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quantize_lsq_backward(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale,
+    const at::Tensor& zero_point, std::optional<int64_t> axis, int64_t quant_min,
+    int64_t quant_max, double grad_factor);
+at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask);
+
+}  // namespace fakequant

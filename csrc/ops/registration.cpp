@@ -1,0 +1,31 @@
+// Every operator's host function, registered for CPU and, in CUDA builds
+// (setup.py defines FAKEQUANT_WITH_CUDA), for CUDA: the same function, which
+// reaches the device's loop through the kernel table.
+#include <torch/library.h>
+
+#include "host.h"
+
+namespace fakequant {
+namespace {
+
+void register_host_functions(torch::Library& m) {
+  m.impl("fake_quantize_affine", &fake_quantize_affine);
+  m.impl("fake_quantize_min_max", &fake_quantize_min_max);
+  m.impl("fake_quantize_amax", &fake_quantize_amax);
+  m.impl("quantize_amax", &quantize_amax);
+  m.impl("fake_quantize_fp8", &fake_quantize_fp8);
+  m.impl("fake_quantize_blockwise", &fake_quantize_blockwise);
+  m.impl("fake_quantize_lsq", &fake_quantize_lsq);
+  m.impl("fake_quantize_lsq_backward", &fake_quantize_lsq_backward);
+  m.impl("mask_backward", &mask_backward);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fakequant, CPU, m) { register_host_functions(m); }
+
+#if defined(FAKEQUANT_WITH_CUDA)
+TORCH_LIBRARY_IMPL(fakequant, CUDA, m) { register_host_functions(m); }
+#endif
+
+}  // namespace fakequant
