@@ -16,7 +16,7 @@ SOURCES := setup.py pyproject.toml fakequant/_version.py \
 
 $(DEPS):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade "setuptools>=64" wheel ninja
+	$(PIP) install -q --upgrade "setuptools>=77" wheel ninja
 	$(PIP) install -q "$(TORCH)"
 	rm -f $(VENV)/.deps-* $(VENV)/.built
 	touch $@
@@ -59,7 +59,7 @@ CUDA_DEPS := $(CUDA_VENV)/.deps-$(subst =,-,$(CUDA_TORCH))
 
 $(CUDA_DEPS):
 	$(PYTHON) -m venv $(CUDA_VENV)
-	$(CUDA_PIP) install -q --upgrade "setuptools>=64" wheel ninja
+	$(CUDA_PIP) install -q --upgrade "setuptools>=77" wheel ninja
 	$(CUDA_PIP) install -q "$(CUDA_TORCH)" numpy
 	rm -f $(CUDA_VENV)/.deps-*
 	touch $@

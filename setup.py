@@ -107,7 +107,7 @@ def cuda_arch_list(requested, supported):
             raise ValueError(
                 f"TORCH_CUDA_ARCH_LIST is unset and the nvcc of {CUDA_HOME} supports none of fakequant's default "
                 f"architectures {', '.join(DEFAULT_CUDA_ARCHS)} (it builds for {', '.join(map(fmt, have))}); "
-                "set TORCH_CUDA_ARCH_LIST to capabilities of 7.0 or newer that it supports")
+                f"set TORCH_CUDA_ARCH_LIST to capabilities of {fmt(MIN_CUDA_ARCH)} or newer that it supports")
         return ";".join(archs[:-1] + [archs[-1] + "+PTX"])
     if requested.strip() == "native":  # torch's own choice: the visible GPUs
         return requested.strip()
@@ -121,7 +121,7 @@ def cuda_arch_list(requested, supported):
                 raise ValueError(
                     f"TORCH_CUDA_ARCH_LIST={requested!r}: {entry!r} means compute capability {fmt(cap)}, but "
                     f"fakequant's CUDA kernels need {fmt(MIN_CUDA_ARCH)} or newer (they use __grid_constant__); "
-                    "allowed: capabilities from 7.0 on"
+                    f"allowed: capabilities from {fmt(MIN_CUDA_ARCH)} on"
                     + (f" that this nvcc supports ({', '.join(fmt(c) for c in have if c >= MIN_CUDA_ARCH)})" if have else "")
                     + ", e.g. TORCH_CUDA_ARCH_LIST='8.0;9.0'")
             if have is not None and name not in NAMED_CUDA_ARCHS and cap not in supported:

@@ -21,7 +21,7 @@ MAX_JOBS=${MAX_JOBS:-2}
 
 if [ ! -x "$ENV2/bin/python" ]; then
     python3 -m venv "$ENV2"
-    "$ENV2/bin/python" -m pip install -q --disable-pip-version-check "setuptools>=64" wheel ninja numpy "$TORCH2"
+    "$ENV2/bin/python" -m pip install -q --disable-pip-version-check "setuptools>=77" wheel ninja numpy "$TORCH2"
 fi
 PY_B=$(realpath -s "$ENV2/bin/python")
 
