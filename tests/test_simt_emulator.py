@@ -20,7 +20,11 @@ SANITIZERS = {
     "tsan": ["-fsanitize=thread"],
 }
 
-pytestmark = pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no C++ compiler ({CXX})")
+pytestmark = [
+    pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no C++ compiler ({CXX})"),
+    pytest.mark.skipif(os.environ.get("FAKEQUANT_EMULATOR_TESTS") != "1",
+                       reason="the emulator's tests run in `make cuda-emulate`"),
+]
 
 
 def _build(tmp_path, variant):
