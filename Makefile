@@ -73,6 +73,13 @@ $(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
 
 cuda-build: $(CUDA_BUILD)/.built
 
+# `make cuda-emulate`: the SIMT emulator (csrc/cuda/simt_emulator.h) that runs CUDA
+# device code on the CPU, checked by its self-test built plain, with ASan/UBSan and
+# with ThreadSanitizer (which must report the planted race and nothing else).
+.PHONY: cuda-emulate
+cuda-emulate: build
+	FAKEQUANT_EMULATOR_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_simt_emulator.py
+
 # --- hardening: `make fuzz`, `make sanitize`, `make check` -------------------------------
 .PHONY: fuzz sanitize check slow two-envs
 

@@ -1,0 +1,656 @@
+#pragma once
+// A SIMT emulator of ours: the CUDA device code of csrc/cuda compiles with the
+// host C++ compiler against this header (FAKEQUANT_SIMT_EMULATOR defined, no
+// __CUDACC__), and its kernels then run on the CPU so that tests can compare
+// them bit for bit with the CPU operators, under AddressSanitizer, UBSan and
+// ThreadSanitizer. Nothing here is used by the real CUDA build.
+//
+// What it models
+// - gridDim, blockDim, blockIdx, threadIdx (x, y, z). Every thread of a block
+//   is an OS thread and all of them run concurrently; the blocks of a grid run
+//   one after another on the same threads.
+// - __syncthreads() as a barrier of the block's threads (a thread that has
+//   returned from the kernel counts as arrived, as on sm_70 and later);
+//   __shared__ memory, one copy per kernel instantiation, which is per block
+//   because blocks run one at a time; __launch_bounds__ is accepted and
+//   launches with more threads than it allows are refused, as the driver does.
+// - Warps of 32 lanes (warpSize): __shfl_sync, __shfl_up_sync,
+//   __shfl_down_sync, __shfl_xor_sync (any width that is a power of two up to
+//   32), __ballot_sync, __any_sync, __all_sync, __activemask. A warp-level call
+//   completes when every lane named in its mask has reached the same call.
+//   A lane named in the mask that has returned from the kernel, waits at
+//   __syncthreads, or reaches a warp-level call with another mask, is reported
+//   as divergence: the launch fails with a message, it does not hang. Reading
+//   a lane outside the mask, or a calling lane missing from its own mask, is
+//   reported too. Two groups of lanes of one warp in calls with disjoint masks
+//   at the same time (legal on sm_70 and later) are reported as divergence as
+//   well: the kernels here name one mask per call site.
+// - Atomics (atomicAdd, atomicSub, atomicOr, atomicAnd, atomicXor, atomicMax,
+//   atomicMin, atomicExch, atomicCAS) on 32- and 64-bit integers, atomicAdd on
+//   float and double, as sequentially consistent host atomics (ThreadSanitizer
+//   understands them).
+// - The correctly rounded intrinsics (__fdiv_rn, __fmul_rn, __fadd_rn, __fsub_rn,
+//   their double forms, __float2int_rn, __double2float_rn, ...) as the plain
+//   host operators, which round to nearest even once per operation when the
+//   file is compiled with -ffp-contract=off and without -ffast-math (setup.py
+//   and the emulation build do so); bit casts, __ldg, __popc, __ffs, __clz.
+// - Vector types (float2, float4, double2, int2, int4, uint2, uint4, ...) with
+//   their CUDA alignment; simt::check_aligned and fq_load/fq_store helpers
+//   report any vector access whose address is not a multiple of its size, as
+//   the GPU would fault on it (UBSan's alignment check catches a plain
+//   dereference of a misaligned aligned type too).
+// - half and bfloat16 through c10::Half and c10::BFloat16, which the kernels
+//   use on both targets.
+//
+// What it does not model: the memory consistency model (host atomics and
+// mutexes are stronger than the GPU's; a missing __threadfence is invisible),
+// timing, occupancy, shared-memory bank conflicts, the limits of shared memory
+// and registers, warp scheduling (lanes of a warp run independently between
+// warp-level calls, as with independent thread scheduling), concurrent blocks
+// (a race between blocks through global memory is not seen: blocks run one
+// after another), streams (everything is synchronous), and dynamic parallelism.
+// __activemask() returns the lanes of the warp that have not returned.
+#if defined(__CUDACC__)
+#error "simt_emulator.h is for the host compiler only"
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+// --- qualifiers -------------------------------------------------------------------
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __grid_constant__
+#define __shared__ static
+#define __constant__ static
+#define __launch_bounds__(...)
+
+// --- index types ------------------------------------------------------------------
+
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+  constexpr operator uint3() const { return uint3{x, y, z}; }
+};
+
+namespace simt {
+
+inline thread_local uint3 thread_idx{0, 0, 0};
+inline thread_local uint3 block_idx{0, 0, 0};
+inline thread_local dim3 block_dim{1, 1, 1};
+inline thread_local dim3 grid_dim{1, 1, 1};
+
+}  // namespace simt
+
+#define threadIdx (::simt::thread_idx)
+#define blockIdx (::simt::block_idx)
+#define blockDim (::simt::block_dim)
+#define gridDim (::simt::grid_dim)
+constexpr int warpSize = 32;
+
+// --- vector types -------------------------------------------------------------------
+
+#define FQ_SIMT_VECTOR2(name, T, align) \
+  struct alignas(align) name {          \
+    T x, y;                             \
+  };
+#define FQ_SIMT_VECTOR4(name, T, align) \
+  struct alignas(align) name {          \
+    T x, y, z, w;                       \
+  };
+FQ_SIMT_VECTOR2(float2, float, 8)
+FQ_SIMT_VECTOR4(float4, float, 16)
+FQ_SIMT_VECTOR2(double2, double, 16)
+FQ_SIMT_VECTOR2(int2, int, 8)
+FQ_SIMT_VECTOR4(int4, int, 16)
+FQ_SIMT_VECTOR2(uint2, unsigned int, 8)
+FQ_SIMT_VECTOR4(uint4, unsigned int, 16)
+FQ_SIMT_VECTOR2(longlong2, long long, 16)
+FQ_SIMT_VECTOR2(ulonglong2, unsigned long long, 16)
+FQ_SIMT_VECTOR2(short2, short, 4)
+FQ_SIMT_VECTOR2(ushort2, unsigned short, 4)
+FQ_SIMT_VECTOR4(ushort4, unsigned short, 8)
+#undef FQ_SIMT_VECTOR2
+#undef FQ_SIMT_VECTOR4
+
+namespace simt {
+
+// The error a launch reports; what() says what went wrong where.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Thrown inside the other threads of a block once one has failed, to unwind them.
+struct Aborted {};
+
+[[noreturn]] void fail(const std::string& what);
+
+// The address of every vector access must be a multiple of its size.
+inline void check_aligned(const void* p, size_t size, const char* what = "vector access") {
+  if (reinterpret_cast<uintptr_t>(p) % size != 0) {
+    std::ostringstream s;
+    s << "misaligned " << what << ": address " << p << " is not a multiple of " << size
+      << " bytes (thread " << thread_idx.x << " of block " << block_idx.x << ")";
+    fail(s.str());
+  }
+}
+
+// --- one block's threads ------------------------------------------------------------
+
+enum class State : uint8_t { kRunning, kAtBarrier, kAtWarpCall, kExited };
+
+struct Warp {
+  std::condition_variable cv;
+  uint64_t generation = 0;  // completed warp-level calls
+  unsigned arrived = 0;     // lanes waiting in the current call
+  unsigned call_mask = 0;   // the mask of the current call
+  uint64_t value[32] = {};  // what each lane put in
+  uint64_t result[32] = {};  // the snapshot of `value` of the last completed call
+  unsigned result_mask = 0;
+};
+
+// The shared state of one launch: the block being run, its barrier and warps.
+struct Launch {
+  dim3 grid, block;
+  unsigned threads = 0;
+  std::mutex mu;
+  std::condition_variable barrier_cv;
+  uint64_t barrier_generation = 0;
+  unsigned at_barrier = 0, exited = 0;
+  std::vector<State> state;
+  std::vector<std::unique_ptr<Warp>> warps;
+  // The end of a block: every thread has returned, then the state is reset.
+  std::condition_variable done_cv;
+  uint64_t done_generation = 0;
+  unsigned done_count = 0;
+  bool aborted = false;
+  std::string error;
+  std::chrono::seconds hang_limit{60};
+};
+
+inline thread_local Launch* current = nullptr;
+inline thread_local unsigned linear_tid = 0;
+
+inline void abort_locked(Launch& L, const std::string& what) {
+  if (!L.aborted) {
+    L.aborted = true;
+    L.error = what;
+  }
+  L.barrier_cv.notify_all();
+  L.done_cv.notify_all();
+  for (auto& w : L.warps) w->cv.notify_all();
+}
+
+[[noreturn]] inline void fail(const std::string& what) {
+  Launch* L = current;
+  if (L == nullptr) throw Error(what);
+  {
+    std::lock_guard<std::mutex> lock(L->mu);
+    abort_locked(*L, what);
+  }
+  throw Aborted{};
+}
+
+inline std::string where(unsigned tid) {
+  std::ostringstream s;
+  s << "thread " << tid << " (warp " << tid / 32 << ", lane " << tid % 32 << ") of block ("
+    << block_idx.x << ", " << block_idx.y << ", " << block_idx.z << ")";
+  return s.str();
+}
+
+// Waits on cv until done() or the launch aborts; a wait past the hang limit is
+// reported as a hang.
+template <typename Done>
+void wait_for(Launch& L, std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Done done,
+              const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + L.hang_limit;
+  while (!done()) {
+    if (L.aborted) throw Aborted{};
+    if (cv.wait_until(lock, deadline) == std::cv_status::timeout && !done() && !L.aborted) {
+      abort_locked(L, std::string("hang: ") + where(linear_tid) + " waited " +
+                          std::to_string(L.hang_limit.count()) + " s in " + what);
+      throw Aborted{};
+    }
+  }
+}
+
+// Divergence: a lane that the current warp call of `w` waits for can never come.
+inline void check_warp_divergence(Launch& L, unsigned warp) {
+  Warp& w = *L.warps[warp];
+  if (w.arrived == 0) return;
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    if (!(w.call_mask >> lane & 1u) || (w.arrived >> lane & 1u)) continue;
+    const unsigned tid = warp * 32 + lane;
+    if (tid >= L.threads) {
+      abort_locked(L, "divergence: a warp-level call names lane " + std::to_string(lane) +
+                          ", which does not exist in a block of " + std::to_string(L.threads) +
+                          " threads (" + where(warp * 32 + __builtin_ctz(w.arrived)) + ")");
+      return;
+    }
+    if (L.state[tid] == State::kExited || L.state[tid] == State::kAtBarrier) {
+      abort_locked(L, std::string("divergence: a warp-level call waits for ") + where(tid) +
+                          (L.state[tid] == State::kExited ? ", which has returned"
+                                                          : ", which waits at __syncthreads"));
+      return;
+    }
+  }
+}
+
+// The thread changes state (to the barrier, or out of the kernel): a warp call
+// waiting for it can no longer complete.
+inline void set_state_locked(Launch& L, State s) {
+  L.state[linear_tid] = s;
+  if (s == State::kExited || s == State::kAtBarrier) check_warp_divergence(L, linear_tid / 32);
+}
+
+inline void syncthreads() {
+  Launch& L = *current;
+  std::unique_lock<std::mutex> lock(L.mu);
+  if (L.aborted) throw Aborted{};
+  set_state_locked(L, State::kAtBarrier);
+  if (L.aborted) throw Aborted{};
+  const uint64_t gen = L.barrier_generation;
+  if (++L.at_barrier + L.exited == L.threads) {
+    L.at_barrier = 0;
+    ++L.barrier_generation;
+    for (unsigned t = 0; t < L.threads; ++t) {
+      if (L.state[t] == State::kAtBarrier) L.state[t] = State::kRunning;
+    }
+    L.barrier_cv.notify_all();
+  } else {
+    wait_for(L, lock, L.barrier_cv, [&] { return L.barrier_generation != gen; }, "__syncthreads");
+  }
+}
+
+// One warp-level call: each lane of `mask` puts in a 64-bit value; returns the
+// values of the whole warp as they were when the last lane of `mask` arrived.
+inline const uint64_t* warp_exchange(unsigned mask, uint64_t v, const char* what) {
+  Launch& L = *current;
+  const unsigned warp = linear_tid / 32, lane = linear_tid % 32;
+  Warp& w = *L.warps[warp];
+  std::unique_lock<std::mutex> lock(L.mu);
+  if (L.aborted) throw Aborted{};
+  if (!(mask >> lane & 1u)) {
+    abort_locked(L, std::string(what) + ": the calling lane is not in its mask (" +
+                        where(linear_tid) + ")");
+    throw Aborted{};
+  }
+  if (w.arrived != 0 && w.call_mask != mask) {
+    std::ostringstream s;
+    s << "divergence: " << where(linear_tid) << " calls " << what << " with mask 0x" << std::hex
+      << mask << " while lanes 0x" << w.arrived << " wait in a call with mask 0x" << w.call_mask;
+    abort_locked(L, s.str());
+    throw Aborted{};
+  }
+  w.call_mask = mask;
+  w.arrived |= 1u << lane;
+  w.value[lane] = v;
+  L.state[linear_tid] = State::kAtWarpCall;
+  const uint64_t gen = w.generation;
+  if ((w.arrived & mask) == mask) {
+    std::copy(std::begin(w.value), std::end(w.value), std::begin(w.result));
+    w.result_mask = mask;
+    w.arrived = 0;
+    ++w.generation;
+    for (unsigned l = 0; l < 32; ++l) {
+      if ((mask >> l & 1u) && warp * 32 + l < L.threads) L.state[warp * 32 + l] = State::kRunning;
+    }
+    w.cv.notify_all();
+  } else {
+    check_warp_divergence(L, warp);
+    if (L.aborted) throw Aborted{};
+    wait_for(L, lock, w.cv, [&] { return w.generation != gen; }, what);
+  }
+  // The snapshot stays until this lane's next call completes, which needs this lane.
+  return w.result;
+}
+
+template <typename T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "a warp shuffle moves 8 bytes at most");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <typename T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+
+inline unsigned lane_id() { return linear_tid % 32; }
+
+inline void check_width(int width, const char* what) {
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
+    fail(std::string(what) + ": width must be a power of two in [1, 32], got " + std::to_string(width));
+  }
+}
+
+// The value of lane `src` of the warp, which must have taken part in the call.
+template <typename T>
+T read_lane(const uint64_t* values, unsigned mask, unsigned src, const char* what) {
+  if (!(mask >> src & 1u)) {
+    fail(std::string(what) + ": " + where(linear_tid) + " reads lane " + std::to_string(src) +
+         ", which is not in the mask");
+  }
+  return from_bits<T>(values[src]);
+}
+
+template <typename T>
+T shfl(unsigned mask, T v, int src_lane, int width) {
+  check_width(width, "__shfl_sync");
+  const uint64_t* all = warp_exchange(mask, to_bits(v), "__shfl_sync");
+  const unsigned base = lane_id() / width * width;
+  return read_lane<T>(all, mask, base + (static_cast<unsigned>(src_lane) % width), "__shfl_sync");
+}
+
+template <typename T>
+T shfl_up(unsigned mask, T v, unsigned delta, int width) {
+  check_width(width, "__shfl_up_sync");
+  const uint64_t* all = warp_exchange(mask, to_bits(v), "__shfl_up_sync");
+  const unsigned lane = lane_id(), in = lane % width;
+  return in >= delta ? read_lane<T>(all, mask, lane - delta, "__shfl_up_sync") : v;
+}
+
+template <typename T>
+T shfl_down(unsigned mask, T v, unsigned delta, int width) {
+  check_width(width, "__shfl_down_sync");
+  const uint64_t* all = warp_exchange(mask, to_bits(v), "__shfl_down_sync");
+  const unsigned lane = lane_id(), in = lane % width;
+  return in + delta < static_cast<unsigned>(width) ? read_lane<T>(all, mask, lane + delta, "__shfl_down_sync")
+                                                  : v;
+}
+
+template <typename T>
+T shfl_xor(unsigned mask, T v, int lane_mask, int width) {
+  check_width(width, "__shfl_xor_sync");
+  const uint64_t* all = warp_exchange(mask, to_bits(v), "__shfl_xor_sync");
+  const unsigned lane = lane_id(), src = lane ^ static_cast<unsigned>(lane_mask);
+  // A source outside this lane's group of `width` lanes gives the lane's own value.
+  if (src / width != lane / width || src >= 32) return v;
+  return read_lane<T>(all, mask, src, "__shfl_xor_sync");
+}
+
+inline unsigned ballot(unsigned mask, int predicate) {
+  const uint64_t* all = warp_exchange(mask, predicate != 0, "__ballot_sync");
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32; ++l) {
+    if ((mask >> l & 1u) && all[l] != 0) bits |= 1u << l;
+  }
+  return bits;
+}
+
+inline unsigned activemask() {
+  Launch& L = *current;
+  std::lock_guard<std::mutex> lock(L.mu);
+  const unsigned warp = linear_tid / 32;
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32 && warp * 32 + l < L.threads; ++l) {
+    if (L.state[warp * 32 + l] != State::kExited) bits |= 1u << l;
+  }
+  return bits;
+}
+
+// --- launching --------------------------------------------------------------------------
+
+// The largest block the last launched kernel allows (its __launch_bounds__),
+// or 1024; set by FQ_SIMT_LAUNCH_BOUNDS in emulated launch code.
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+
+// Runs `body` (the kernel with its arguments) on every thread of every block of
+// `grid`, blocks one after another. Throws simt::Error on the first error of any
+// thread (divergence, misaligned access, hang, or an exception thrown by the body).
+inline void launch(dim3 grid, dim3 block, unsigned max_threads, const std::function<void()>& body) {
+  const uint64_t threads64 = uint64_t{block.x} * block.y * block.z;
+  if (threads64 == 0 || threads64 > std::min(max_threads, kMaxThreadsPerBlock)) {
+    throw Error("launch: " + std::to_string(threads64) + " threads per block, the kernel allows 1 to " +
+                std::to_string(std::min(max_threads, kMaxThreadsPerBlock)));
+  }
+  if (uint64_t{grid.x} * grid.y * grid.z == 0) throw Error("launch: the grid is empty");
+  Launch L;
+  L.grid = grid;
+  L.block = block;
+  L.threads = static_cast<unsigned>(threads64);
+  L.state.assign(L.threads, State::kRunning);
+  for (unsigned w = 0; w < (L.threads + 31) / 32; ++w) L.warps.push_back(std::make_unique<Warp>());
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+
+  auto worker = [&](unsigned tid) {
+    current = &L;
+    linear_tid = tid;
+    block_dim = block;
+    grid_dim = grid;
+    thread_idx = uint3{tid % block.x, tid / block.x % block.y, tid / (block.x * block.y)};
+    for (uint64_t b = 0; b < blocks; ++b) {
+      block_idx = uint3{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                        static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y))};
+      bool ok = true;
+      try {
+        body();
+      } catch (const Aborted&) {
+        ok = false;
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(L.mu);
+        abort_locked(L, where(tid) + ": " + e.what());
+        ok = false;
+      }
+      std::unique_lock<std::mutex> lock(L.mu);
+      if (!ok || L.aborted) break;
+      set_state_locked(L, State::kExited);
+      ++L.exited;
+      // A barrier that waited for this thread may now be complete.
+      if (L.at_barrier > 0 && L.at_barrier + L.exited == L.threads) {
+        L.at_barrier = 0;
+        ++L.barrier_generation;
+        for (unsigned t = 0; t < L.threads; ++t) {
+          if (L.state[t] == State::kAtBarrier) L.state[t] = State::kRunning;
+        }
+        L.barrier_cv.notify_all();
+      }
+      const uint64_t gen = L.done_generation;
+      if (++L.done_count == L.threads) {
+        L.done_count = 0;
+        L.exited = 0;
+        L.at_barrier = 0;
+        std::fill(L.state.begin(), L.state.end(), State::kRunning);
+        for (auto& w : L.warps) w->arrived = 0;
+        ++L.done_generation;
+        L.done_cv.notify_all();
+      } else {
+        try {
+          wait_for(L, lock, L.done_cv, [&] { return L.done_generation != gen; }, "the end of the block");
+        } catch (const Aborted&) {
+          break;
+        }
+        if (L.aborted) break;
+      }
+    }
+    current = nullptr;
+  };
+
+  std::vector<std::thread> pool;
+  pool.reserve(L.threads);
+  for (unsigned t = 0; t < L.threads; ++t) pool.emplace_back(worker, t);
+  for (auto& t : pool) t.join();
+  if (L.aborted) throw Error("simt emulator: " + L.error);
+}
+
+}  // namespace simt
+
+// --- the CUDA names ----------------------------------------------------------------------
+
+inline void __syncthreads() { simt::syncthreads(); }
+
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = warpSize) {
+  return simt::shfl(mask, v, src_lane, width);
+}
+template <typename T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+  return simt::shfl_up(mask, v, delta, width);
+}
+template <typename T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+  return simt::shfl_down(mask, v, delta, width);
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) {
+  return simt::shfl_xor(mask, v, lane_mask, width);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) { return simt::ballot(mask, predicate); }
+inline int __any_sync(unsigned mask, int predicate) { return simt::ballot(mask, predicate) != 0; }
+inline int __all_sync(unsigned mask, int predicate) { return simt::ballot(mask, predicate) == mask; }
+inline unsigned __activemask() { return simt::activemask(); }
+
+// Atomics: the old value, as CUDA returns it.
+#define FQ_SIMT_ATOMIC(name, builtin)                                   \
+  template <typename T>                                                 \
+  T name(T* address, T v) {                                             \
+    static_assert(std::is_integral_v<T>, #name " takes an integer");   \
+    return builtin(address, v, __ATOMIC_SEQ_CST);                      \
+  }
+FQ_SIMT_ATOMIC(atomicOr, __atomic_fetch_or)
+FQ_SIMT_ATOMIC(atomicAnd, __atomic_fetch_and)
+FQ_SIMT_ATOMIC(atomicXor, __atomic_fetch_xor)
+FQ_SIMT_ATOMIC(atomicSub, __atomic_fetch_sub)
+FQ_SIMT_ATOMIC(atomicExch, __atomic_exchange_n)
+#undef FQ_SIMT_ATOMIC
+
+template <typename T>
+T atomicCAS(T* address, T compare, T v) {
+  __atomic_compare_exchange_n(address, &compare, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return compare;  // the value found: `compare` itself when the swap happened
+}
+
+template <typename T, typename Op>
+T simt_atomic_update(T* address, Op op) {
+  T old = __atomic_load_n(address, __ATOMIC_SEQ_CST);
+  while (!__atomic_compare_exchange_n(address, &old, op(old), true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+  return old;
+}
+
+template <typename T>
+T atomicAdd(T* address, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return __atomic_fetch_add(address, v, __ATOMIC_SEQ_CST);
+  } else {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "atomicAdd: float or double");
+    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+    auto* bits = reinterpret_cast<Bits*>(address);
+    const Bits old = simt_atomic_update(bits, [v](Bits b) {
+      T f;
+      std::memcpy(&f, &b, sizeof f);
+      f = f + v;
+      Bits r;
+      std::memcpy(&r, &f, sizeof r);
+      return r;
+    });
+    T f;
+    std::memcpy(&f, &old, sizeof f);
+    return f;
+  }
+}
+template <typename T>
+T atomicMax(T* address, T v) {
+  static_assert(std::is_integral_v<T>, "atomicMax takes an integer");
+  return simt_atomic_update(address, [v](T o) { return o < v ? v : o; });
+}
+template <typename T>
+T atomicMin(T* address, T v) {
+  static_assert(std::is_integral_v<T>, "atomicMin takes an integer");
+  return simt_atomic_update(address, [v](T o) { return v < o ? v : o; });
+}
+
+// Correctly rounded arithmetic: one IEEE operation each (no contraction here).
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+inline int __float2int_rn(float v) { return static_cast<int>(std::nearbyint(v)); }
+inline int __float2int_rz(float v) { return static_cast<int>(v); }
+inline long long __float2ll_rn(float v) { return static_cast<long long>(std::nearbyint(v)); }
+inline int __double2int_rn(double v) { return static_cast<int>(std::nearbyint(v)); }
+inline long long __double2ll_rn(double v) { return static_cast<long long>(std::nearbyint(v)); }
+inline float __double2float_rn(double v) { return static_cast<float>(v); }
+inline float __int2float_rn(int v) { return static_cast<float>(v); }
+inline double __int2double_rn(int v) { return static_cast<double>(v); }
+inline float __ll2float_rn(long long v) { return static_cast<float>(v); }
+inline double __ll2double_rn(long long v) { return static_cast<double>(v); }
+
+inline unsigned __float_as_uint(float v) { return simt::from_bits<unsigned>(simt::to_bits(v)); }
+inline float __uint_as_float(unsigned v) { return simt::from_bits<float>(simt::to_bits(v)); }
+inline int __float_as_int(float v) { return simt::from_bits<int>(simt::to_bits(v)); }
+inline float __int_as_float(int v) { return simt::from_bits<float>(simt::to_bits(v)); }
+inline long long __double_as_longlong(double v) { return simt::from_bits<long long>(simt::to_bits(v)); }
+inline double __longlong_as_double(long long v) { return simt::from_bits<double>(simt::to_bits(v)); }
+
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
+inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz(static_cast<unsigned>(v)); }
+inline unsigned __brev(unsigned v) {
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r |= ((v >> i) & 1u) << (31 - i);
+  return r;
+}
+
+// __ldg: a read-only load; a vector type must be aligned to its size.
+template <typename T>
+T __ldg(const T* p) {
+  if constexpr (alignof(T) > 1 && sizeof(T) >= 8) simt::check_aligned(p, sizeof(T), "__ldg");
+  return *p;
+}
+
+// Explicitly checked vector accesses, usable on both targets (the CUDA build's
+// definitions are plain loads and stores).
+template <typename V>
+inline V fq_load(const V* p) {
+  simt::check_aligned(p, sizeof(V));
+  return *p;
+}
+template <typename V>
+inline void fq_store(V* p, const V& v) {
+  simt::check_aligned(p, sizeof(V));
+  *p = v;
+}
+
+// The emulated form of `kernel<<<grid, block, shmem, stream>>>(args...)`.
+// max_threads: the kernel's __launch_bounds__ (1024 when it has none).
+template <typename... KernelArgs, typename... Args>
+void simt_launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, unsigned max_threads,
+                 Args&&... args) {
+  auto bound = [&] { kernel(args...); };
+  simt::launch(grid, block, max_threads, bound);
+}
