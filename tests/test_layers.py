@@ -18,7 +18,7 @@ ROOT = pathlib.Path(fakequant.__file__).parent
 # belongs to "nn"); it may import parts of lower layers, and parts of its own layer as long as
 # no two of them import each other.
 LAYERS = [
-    ("the compiled library and its loader", {"_C", "_build_info", "_extension"}),
+    ("the version, the compiled libraries and their loader", {"_version", "_build", "_C", "_extension"}),
     ("plain-PyTorch reference for tests", {"reference"}),
     ("constants, validation, switches", {"_core"}),
     ("operators: the only user of torch.ops.fakequant", {"ops"}),
