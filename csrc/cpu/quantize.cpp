@@ -79,7 +79,6 @@ FAKEQUANT_CPU_CLONES void run_varying(const scalar_t* __restrict__ x, scalar_t* 
 // a bool mask, or nowhere (no mask).
 template <Output O, Window W, MaskOut M, typename scalar_t>
 void quantize_loop(const QuantizeJob& job, const ParamArrays<compute_t<scalar_t>>& params) {
-  using C = compute_t<scalar_t>;
   const int64_t n = job.x.numel();
   const scalar_t* xp = job.x.const_data_ptr<scalar_t>();
   scalar_t* yp = job.y.mutable_data_ptr<scalar_t>();
