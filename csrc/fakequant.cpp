@@ -1,9 +1,9 @@
 // Every fakequant operator schema lives here; kernels register per backend in
 // csrc/cpu and csrc/cuda; the Python module itself is csrc/python_module.cpp.
 // The numerics contract is in shared/DESIGN.md.
-#include <torch/library.h>
+#include "fakequant/library.h"
 
-TORCH_LIBRARY(fakequant, m) {
+FAKEQUANT_LIBRARY(m) {
   // y = (clamp(rint(x / scale) + zp, quant_min, quant_max) - zp) * scale.
   // Per-tensor when axis is None (scale and zero_point hold one element),
   // per-channel along `axis` otherwise. The mask marks elements whose

@@ -1,20 +1,38 @@
 #pragma once
 // What the CUDA launches share: grid sizes, alignment, the parameter layout
-// as a kernel argument. Everything launches on the current stream and nothing
-// synchronises with the device, so CUDA graphs capture it.
+// as a kernel argument, and launch_kernel, the one way a kernel is launched.
+// Everything launches on the current stream and nothing synchronises with the
+// device, so CUDA graphs capture it.
+//
+// Two targets: nvcc for GPUs, and the host C++ compiler with
+// FAKEQUANT_SIMT_EMULATOR defined (tools/emulate.py), where simt_emulator.h
+// stands in for the device and simt_runtime.h for the few CUDA runtime calls,
+// and the kernels serve the CPU slots of a library of their own
+// (tests/test_cuda_emulated.py compares it with the CPU kernels).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
 
 #include <array>
 #include <atomic>
+#include <utility>
 
 #include "fakequant/kernel_table.h"
 #include "fakequant/param_layout.h"
 #include "fakequant/static_switch.h"
+
+#if defined(FAKEQUANT_SIMT_EMULATOR)
+#include "simt_emulator.h"
+#include "simt_runtime.h"
+// The emulated kernels take the CPU slots of the emulation library.
+#define FAKEQUANT_CUDA_SLOT CPU
+#else
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#define FAKEQUANT_CUDA_SLOT CUDA
+#endif
+
 #include "kernels.cuh"
 
 namespace fakequant {
@@ -56,6 +74,19 @@ inline unsigned grid_for(int64_t warp_tiles, int device) {
 }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// kernel<<<blocks, kThreads, 0, stream>>>(args...) and the launch check; in the
+// emulation build, the same kernel run by the SIMT emulator on the CPU.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), unsigned blocks, cudaStream_t stream, Args&&... args) {
+#if defined(FAKEQUANT_SIMT_EMULATOR)
+  (void)stream;
+  simt_launch(kernel, dim3(blocks), dim3(kThreads), kThreads, std::forward<Args>(args)...);
+#else
+  kernel<<<blocks, kThreads, 0, stream>>>(std::forward<Args>(args)...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+#endif
+}
 
 }  // namespace gpu
 }  // namespace fakequant

@@ -211,9 +211,7 @@ void launch_lsq_backward(const LsqBackwardJob& job) {
     auto launch = [&](auto vec_tag, auto outer_tag) {
       constexpr int kV = decltype(vec_tag)::value;
       constexpr bool kOuter = decltype(outer_tag)::value;
-      lsq_rows_kernel<scalar_t, kV, kOuter>
-          <<<blocks, kThreads, 0, stream>>>(xp, gp, op, grid, family, ps, pz);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch_kernel(&lsq_rows_kernel<scalar_t, kV, kOuter>, blocks, stream, xp, gp, op, grid, family, ps, pz);
     };
     using Vec = std::integral_constant<int, V>;
     using One = std::integral_constant<int, 1>;
@@ -242,16 +240,14 @@ void launch_lsq_backward(const LsqBackwardJob& job) {
     double* ps = partial.mutable_data_ptr<double>();
     double* pz = ps + shape.channels * k;
     const unsigned blocks = grid_for(grid.splits * grid.col_blocks * kWarpsPerBlock, device);
-    lsq_columns_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(xp, gp, op, grid, family, ps, pz);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(&lsq_columns_kernel<scalar_t>, blocks, stream, xp, gp, op, grid, family, ps, pz);
   }
 
   const double* ps = partial.const_data_ptr<double>();
   const unsigned blocks = grid_for(shape.channels, device);
-  lsq_reduce_kernel<<<blocks, kThreads, 0, stream>>>(
-      ps, ps + shape.channels * k, shape.channels, k, family.scale, job.grad_factor,
-      job.grad_scale.mutable_data_ptr<float>(), job.grad_zero_point.mutable_data_ptr<float>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(&lsq_reduce_kernel, blocks, stream, ps, ps + shape.channels * k, shape.channels, k,
+                family.scale, job.grad_factor, job.grad_scale.mutable_data_ptr<float>(),
+                job.grad_zero_point.mutable_data_ptr<float>());
   // The caching allocator orders any reuse of `partial` after this stream's
   // queued kernels, so it may be freed when this returns.
 }
@@ -264,7 +260,7 @@ void lsq_backward_cuda(const LsqBackwardJob& job) {
 
 }  // namespace
 
-FAKEQUANT_REGISTER_KERNEL(lsq_backward_stub, CUDA, &lsq_backward_cuda);
+FAKEQUANT_REGISTER_KERNEL(lsq_backward_stub, FAKEQUANT_CUDA_SLOT, &lsq_backward_cuda);
 
 }  // namespace gpu
 }  // namespace fakequant

@@ -20,12 +20,8 @@ void launch_mask_backward(const at::Tensor& grad, const at::Tensor& mask, at::Te
   const int64_t threads = std::max(n_vec / V, n - n_vec);
   const unsigned blocks = grid_for((threads + kWarpSize - 1) / kWarpSize, grad.get_device());
   const auto stream = at::cuda::getCurrentCUDAStream();
-  if (packed) {
-    mask_backward_kernel<bits_t, true><<<blocks, kThreads, 0, stream>>>(gp, mp, op, n, n_vec);
-  } else {
-    mask_backward_kernel<bits_t, false><<<blocks, kThreads, 0, stream>>>(gp, mp, op, n, n_vec);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(packed ? &mask_backward_kernel<bits_t, true> : &mask_backward_kernel<bits_t, false>, blocks,
+                stream, gp, mp, op, n, n_vec);
 }
 
 void mask_backward_cuda(const at::Tensor& grad, const at::Tensor& mask, at::Tensor& out) {
@@ -36,7 +32,7 @@ void mask_backward_cuda(const at::Tensor& grad, const at::Tensor& mask, at::Tens
 
 }  // namespace
 
-FAKEQUANT_REGISTER_KERNEL(mask_backward_stub, CUDA, &mask_backward_cuda);
+FAKEQUANT_REGISTER_KERNEL(mask_backward_stub, FAKEQUANT_CUDA_SLOT, &mask_backward_cuda);
 
 }  // namespace gpu
 }  // namespace fakequant

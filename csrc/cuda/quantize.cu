@@ -23,9 +23,8 @@ void launch_quantize(const QuantizeJob& job, const Params& params) {
   const int64_t n_vec = vectorised ? n / (kWarpSize * V) * (kWarpSize * V) : 0;
   const int64_t tiles = std::max(n_vec / (kWarpSize * V), (n - n_vec + kWarpSize - 1) / kWarpSize);
   const unsigned blocks = grid_for(tiles, job.x.get_device());
-  quantize_kernel<scalar_t, O, W, M, Params>
-      <<<blocks, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(xp, yp, mp, n, n_vec, params);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(&quantize_kernel<scalar_t, O, W, M, Params>, blocks, at::cuda::getCurrentCUDAStream(),
+                xp, yp, mp, n, n_vec, params);
 }
 
 void quantize_cuda(const QuantizeJob& job) {
@@ -46,9 +45,8 @@ void quantize_cuda(const QuantizeJob& job) {
           at::Tensor table = at::empty({bytes}, job.y.options().dtype(at::kByte));
           auto* tp = reinterpret_cast<Consts<C>*>(table.mutable_data_ptr());
           const auto blocks = static_cast<unsigned>((count + kThreads - 1) / kThreads);
-          prepare_kernel<C, Family>
-              <<<blocks, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(tp, count, family);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          launch_kernel(&prepare_kernel<C, Family>, blocks, at::cuda::getCurrentCUDAStream(), tp, count,
+                        family);
           // The caching allocator orders any reuse of `table` after this
           // stream's queued kernels, so it may be freed when this returns.
           launch_quantize<scalar_t, O, W, M>(
@@ -67,8 +65,8 @@ bool capturing_cuda(const c10::Device& device) {
 
 }  // namespace
 
-FAKEQUANT_REGISTER_KERNEL(quantize_stub, CUDA, &quantize_cuda);
-FAKEQUANT_REGISTER_KERNEL(capturing_stub, CUDA, &capturing_cuda);
+FAKEQUANT_REGISTER_KERNEL(quantize_stub, FAKEQUANT_CUDA_SLOT, &quantize_cuda);
+FAKEQUANT_REGISTER_KERNEL(capturing_stub, FAKEQUANT_CUDA_SLOT, &capturing_cuda);
 
 }  // namespace gpu
 }  // namespace fakequant

@@ -616,6 +616,18 @@ inline float __int_as_float(int v) { return simt::from_bits<float>(simt::to_bits
 inline long long __double_as_longlong(double v) { return simt::from_bits<long long>(simt::to_bits(v)); }
 inline double __longlong_as_double(long long v) { return simt::from_bits<double>(simt::to_bits(v)); }
 
+// The device's min and max overloads for the types the kernels use.
+#define FQ_SIMT_MINMAX(T)                              \
+  inline T max(T a, T b) { return a < b ? b : a; } \
+  inline T min(T a, T b) { return b < a ? b : a; }
+FQ_SIMT_MINMAX(int)
+FQ_SIMT_MINMAX(unsigned int)
+FQ_SIMT_MINMAX(long long)
+FQ_SIMT_MINMAX(unsigned long long)
+FQ_SIMT_MINMAX(long)
+FQ_SIMT_MINMAX(unsigned long)
+#undef FQ_SIMT_MINMAX
+
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }

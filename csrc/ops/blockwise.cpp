@@ -16,15 +16,8 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
 
   const bool keep = blockwise_keeps_layout(input);
   at::Tensor y = keep ? at::empty_like(input) : at::empty(input.sizes(), input.options());
-  const int64_t n = input.numel();
-  if (n == 0) return {y, new_mask(y, /*packed=*/true)};
-  // The mask: the first ceil(n / 8) bytes of a buffer of whole 32-bit words (a
-  // kernel may store it by words), as a tensor of its own (not a view, as the
-  // fake kernel's).
-  const auto byte_options = y.options().dtype(at::kByte);
-  const at::Tensor buffer = at::empty({(n + 31) / 32 * 4}, byte_options);
-  at::Tensor mask = at::empty({0}, byte_options);
-  mask.set_(buffer.storage(), 0, {packed_mask_bytes(n)}, {1});
+  const at::Tensor mask = new_mask(y, /*packed=*/true);
+  if (input.numel() == 0) return {y, mask};
 
   at::Tensor sa;
   BlockwiseJob job;

@@ -1,7 +1,7 @@
 // Every operator's host function, registered for CPU and, in CUDA builds
 // (setup.py defines FAKEQUANT_WITH_CUDA), for CUDA: the same function, which
 // reaches the device's loop through the kernel table.
-#include <torch/library.h>
+#include "fakequant/library.h"
 
 #include "host.h"
 
@@ -22,10 +22,10 @@ void register_host_functions(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fakequant, CPU, m) { register_host_functions(m); }
+FAKEQUANT_LIBRARY_IMPL(CPU, m) { register_host_functions(m); }
 
 #if defined(FAKEQUANT_WITH_CUDA)
-TORCH_LIBRARY_IMPL(fakequant, CUDA, m) { register_host_functions(m); }
+FAKEQUANT_LIBRARY_IMPL(CUDA, m) { register_host_functions(m); }
 #endif
 
 }  // namespace fakequant

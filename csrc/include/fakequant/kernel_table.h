@@ -35,7 +35,7 @@ struct QuantizeJob {
 };
 
 // fake_quantize_blockwise: x dense with y's strides and rows of the last
-// dimension runs of memory; mask packed, its storage padded to whole 32-bit words.
+// dimension runs of memory; mask packed (ceil(n / 8) bytes, a fresh allocation).
 struct BlockwiseJob {
   at::Tensor x, y, mask;
   BlockGeometry geometry;

@@ -1,0 +1,317 @@
+"""The CUDA kernels (csrc/cuda) run on the CPU by the SIMT emulator
+(csrc/cuda/simt_emulator.h) and compared bit for bit with the CPU kernels.
+
+`make cuda-emulate` builds the emulation library (tools/emulate.py: the host
+functions of csrc/ops with the CUDA launch code and kernels compiled by the host
+compiler, registered as torch.ops.fakequant_emulated.* for CPU tensors) plain,
+with AddressSanitizer + UBSan and with ThreadSanitizer, and runs this file
+against each; FAKEQUANT_EMULATED_LIB names the library. Without it the file is
+skipped.
+
+What the CPU tests cannot reach is checked here: launch geometry, grid-stride
+loops (FAKEQUANT_SIMT_SMS=1 caps the grid at 16 blocks of 256 threads, so a few
+ten thousand elements take several grid steps), 128-bit vector accesses and
+their scalar fallback (inputs at odd offsets), the warp shuffles and ballots
+that pack the mask, the block-wise reductions and mask-word atomics, and the
+two-stage LSQ reduction. The element rules are shared with the CPU
+(contract.h), so any difference is a kernel defect.
+
+LSQ's scale and zero-point gradients are float64 sums in an order of each
+backend's own, rounded to float32: they equal the CPU's unless a sum lands
+within a few float64 ulps of a float32 rounding boundary, which these fixed
+inputs do not; grad_input is exact everywhere.
+"""
+import os
+
+import pytest
+import torch
+
+from conftest import DTYPES, assert_same
+
+LIB = os.environ.get("FAKEQUANT_EMULATED_LIB")
+pytestmark = pytest.mark.skipif(not LIB, reason="the emulated CUDA kernels run in `make cuda-emulate`")
+
+if LIB:
+    import fakequant  # noqa: F401  (the CPU operators)
+
+    torch.ops.load_library(LIB)
+    os.environ.setdefault("FAKEQUANT_SIMT_SMS", "1")
+
+# Sizes around every boundary of the element-wise kernels: a warp tile of 32
+# (scalar) or 32 * 16 / itemsize (vector) elements, a byte of the packed mask,
+# a block of 256 threads, and past one grid of 16 blocks (several grid steps).
+SIZES = [0, 1, 7, 8, 9, 31, 32, 33, 255, 256, 257, 1023, 1024, 1025, 4097, 20000, 50001]
+
+
+def cpu_and_cuda(name, *args):
+    """The op on the CPU kernels and on the emulated CUDA kernels: every output
+    bit for bit, with the same strides (and a mask of the same storage size)."""
+    expected = getattr(torch.ops.fakequant, name)(*args)
+    actual = getattr(torch.ops.fakequant_emulated, name)(*args)
+    if isinstance(expected, torch.Tensor):
+        expected, actual = (expected,), (actual,)
+    for a, e in zip(actual, expected, strict=True):
+        assert_same(a, e)
+        assert a.stride() == e.stride(), (a.stride(), e.stride())
+        assert a.untyped_storage().nbytes() == e.untyped_storage().nbytes()
+    return actual
+
+
+def data(n, dtype, spread=4.0, offset=0):
+    """n values of `dtype`, about a quarter of them outside the ranges used here,
+    with NaN, +-inf and -0.0 among them; a view at element `offset` of its buffer
+    when offset > 0 (so not 16-byte aligned)."""
+    g = torch.Generator().manual_seed(n * 7 + offset)
+    x = torch.randn(n + offset, generator=g, dtype=torch.float64) * spread
+    for i, v in enumerate((float("nan"), float("inf"), -float("inf"), -0.0)):
+        if n + offset > 97 * (i + 1):
+            x[97 * (i + 1)] = v
+    return x.to(dtype)[offset:]
+
+
+def shaped(shape, dtype, spread=4.0):
+    n = 1
+    for s in shape:
+        n *= s
+    return data(n, dtype, spread).reshape(shape)
+
+
+def t(v):
+    return torch.tensor(v)
+
+
+# --- the forward kernels of the affine, min/max and amax families (quantize.cu) -----------
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "bool"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+def test_quantize_sizes(n, dtype, pack, offset):
+    x = data(n, dtype, offset=offset)
+    cpu_and_cuda("fake_quantize_affine", x, t(0.05), t(3), None, -128, 127, pack)
+
+
+FAMILIES = {
+    "min_max": lambda x: ("fake_quantize_min_max", x, t(-2.5), t(3.0), 4),
+    "amax": lambda x: ("fake_quantize_amax", x, t(3.0), 8, False, True),
+    "amax_unsigned": lambda x: ("fake_quantize_amax", x, t(3.0), 4, True, False),
+    "quantize_amax": lambda x: ("quantize_amax", x, t(3.0), 8, False, True),
+    "fp8_e4m3": lambda x: ("fake_quantize_fp8", x, t(3.0), 4, 3),
+    "fp8_e5m2": lambda x: ("fake_quantize_fp8", x, t(3.0), 5, 2),
+    "lsq": lambda x: ("fake_quantize_lsq", x, t(0.05), t(2.0), None, -128, 127, 1.0),
+}
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+@pytest.mark.parametrize("n", [33, 5000])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_quantize_families(family, dtype, n, offset):
+    cpu_and_cuda(*FAMILIES[family](data(n, dtype, offset=offset)))
+
+
+def channel_params(x, axis, dtype=torch.float32):
+    c = x.shape[axis]
+    scale = torch.linspace(0.01, 0.2, c, dtype=dtype)
+    zp = torch.arange(c, dtype=torch.int32) % 7 - 3
+    return scale, zp
+
+
+# Per channel along every axis, negative ones too, and other layouts: the
+# parameter lookup (a table, rows of the innermost dimension) is CUDA-only.
+LAYOUTS = {
+    "contiguous": lambda d: shaped((3, 5, 67), d),
+    "transposed": lambda d: shaped((67, 5, 3), d).transpose(0, 2),
+    "permuted": lambda d: shaped((5, 3, 67), d).permute(1, 0, 2),
+    "strided": lambda d: shaped((3, 5, 134), d)[:, :, ::2],
+    "offset": lambda d: data(3 * 5 * 67, d, offset=1).reshape(3, 5, 67),
+    "channels_last": lambda d: shaped((3, 5, 7, 9), d).contiguous(memory_format=torch.channels_last),
+    "expanded": lambda d: shaped((3, 1, 67), d).expand(3, 5, 67),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_quantize_per_channel_every_axis(layout, dtype):
+    x = LAYOUTS[layout](dtype)
+    for axis in range(-x.dim(), x.dim()):
+        scale, zp = channel_params(x, axis)
+        for pack in (True, False):
+            cpu_and_cuda("fake_quantize_affine", x, scale, zp, axis, -8, 7, pack)
+        cpu_and_cuda("fake_quantize_lsq", x, scale, zp.float(), axis, -8, 7, 1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_quantize_broadcast_amax(layout, dtype):
+    x = LAYOUTS[layout](dtype)
+    shapes = [[1] * x.dim() for _ in range(x.dim())]
+    for d in range(x.dim()):
+        shapes[d][d] = x.shape[d]
+    shapes.append(list(x.shape[:1]) + [1] * (x.dim() - 2) + list(x.shape[-1:]))  # two dimensions
+    shapes.append(list(x.shape))  # one amax per element
+    for shape in shapes:
+        amax = torch.rand(shape, generator=torch.Generator().manual_seed(len(shape))) * 4 + 0.5
+        cpu_and_cuda("fake_quantize_amax", x, amax, 8, False, True)
+        cpu_and_cuda("fake_quantize_fp8", x, amax, 4, 3)
+        cpu_and_cuda("fake_quantize_min_max", x, -amax, amax * 0.75, 8)
+
+
+@pytest.mark.parametrize("sms", [1, 3, 132])
+def test_quantize_grid_sizes(sms, monkeypatch):
+    # The grid capped at 16, 48 or 2112 blocks: the same outputs.
+    monkeypatch.setenv("FAKEQUANT_SIMT_SMS", str(sms))
+    for dtype in (torch.float32, torch.float16):
+        x = data(70001, dtype)
+        cpu_and_cuda("fake_quantize_affine", x, t(0.05), t(3), None, -128, 127, True)
+        x = shaped((7, 10001), dtype)
+        scale, zp = channel_params(x, 0)
+        cpu_and_cuda("fake_quantize_affine", x, scale, zp, 0, -128, 127, True)
+
+
+# --- mask_backward (mask_backward.cu) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+def test_mask_backward(n, dtype, offset):
+    x = data(n, torch.float32)
+    _, packed = torch.ops.fakequant.fake_quantize_affine(x, t(0.05), t(0), None, -128, 127, True)
+    _, boolean = torch.ops.fakequant.fake_quantize_affine(x, t(0.05), t(0), None, -128, 127, False)
+    grad = data(n, dtype, offset=offset)
+    cpu_and_cuda("mask_backward", grad, packed)
+    cpu_and_cuda("mask_backward", grad, boolean)
+    if n > 1:  # a bool mask at an odd offset (no vector access for it)
+        cpu_and_cuda("mask_backward", grad[1:], boolean[1:])
+
+
+def test_mask_backward_layouts():
+    for layout in sorted(LAYOUTS):
+        grad = LAYOUTS[layout](torch.float32)
+        _, packed = torch.ops.fakequant.fake_quantize_affine(grad, t(0.05), t(0), None, -8, 7, True)
+        _, boolean = torch.ops.fakequant.fake_quantize_affine(grad, t(0.05), t(0), None, -8, 7, False)
+        cpu_and_cuda("mask_backward", grad, packed)
+        cpu_and_cuda("mask_backward", grad, boolean)
+
+
+# --- block-wise (blockwise.cu) --------------------------------------------------------------------
+
+ELEMENTS = {  # (num_bits, unsigned, narrow_range, exponent_bits, two-level)
+    "int8": (8, False, True, 0, False),
+    "uint4": (4, True, False, 0, False),
+    "fp8_e4m3": (8, False, True, 4, False),
+    "fp8_e5m2": (8, False, True, 5, False),
+    "fp4_e2m1": (4, False, True, 2, False),
+    "nvfp4": (4, False, True, 2, True),
+}
+# Block sizes that divide 32, that 32 divides, neither, and long blocks (a
+# thread block each from 1024 on).
+BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 3, 7, 24, 33, 48, 64, 96, 128, 129, 200, 1024, 1500, 2048]
+
+
+def blockwise(x, block_size, element):
+    num_bits, unsigned, narrow, ebits, two_level = ELEMENTS[element]
+    scale_amax = x.detach().abs().float().nan_to_num(0, 0, 0).amax().reshape(1) if two_level else None
+    return cpu_and_cuda("fake_quantize_blockwise", x, block_size, num_bits, unsigned, narrow, ebits, scale_amax)
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["whole", "ragged"])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_blockwise_block_sizes(block_size, ragged):
+    # rows of two blocks, or of two and a shorter one (a ragged last block)
+    last = 2 * block_size + (max(1, block_size // 3) if ragged else 0)
+    for element in ("int8", "fp4_e2m1"):
+        x = shaped((3, last), torch.float32)
+        y, mask = blockwise(x, block_size, element)
+        assert mask.untyped_storage().nbytes() == (x.numel() + 7) // 8
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("element", sorted(ELEMENTS))
+@pytest.mark.parametrize("block_size", [16, 32, 48, 2048])
+def test_blockwise_elements(block_size, element, dtype):
+    blockwise(shaped((5, 2 * block_size), dtype), block_size, element)
+    blockwise(shaped((5, 2 * block_size + 5), dtype), block_size, element)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 24, 32, 1024, 1500])
+def test_blockwise_several_grid_steps(block_size):
+    # About 2.5 times the blocks that the capped grid (16 thread blocks, 128
+    # warps of 32 / G groups) takes in one step.
+    group = 1 << max(0, block_size - 1).bit_length() if block_size < 32 else 32
+    n_blocks = 40 if block_size >= 1024 else 320 * (32 // group)
+    for last in (block_size, block_size * 2 + 3):
+        x = data(n_blocks * last, torch.float32).reshape(n_blocks, last)
+        blockwise(x, block_size, "int8")
+
+
+def test_blockwise_long_row():
+    # One block of a row of 70,000 elements: a thread block, not one warp.
+    x = data(2 * 70000, torch.float32).reshape(2, 70000)
+    blockwise(x, 70000, "int8")
+    blockwise(x, 70000, "fp8_e4m3")
+    blockwise(x, 30000, "nvfp4")
+
+
+@pytest.mark.parametrize("block_size", [16, 33, 2048])
+def test_blockwise_layouts(block_size):
+    x = shaped((2, 3, 2 * block_size + 1), torch.float32)
+    for view in (x, x[1:], x.transpose(0, 1), x[:, :, 1:], data(x.numel(), torch.float32, offset=1).reshape(x.shape),
+                 x.reshape(-1)[: 2 * block_size + 9]):
+        blockwise(view, block_size, "int8")
+    blockwise(torch.tensor(1.5), 4, "int8")  # 0-d
+
+
+# --- the LSQ backward (lsq_backward.cu) ------------------------------------------------------------
+
+
+def lsq_backward(x, axis, dtype, qmin=-8, qmax=7, zero_point_float=True):
+    if axis is None:
+        scale, zp = t(0.3), t(1.0 if zero_point_float else 1)
+    else:
+        scale, zp = channel_params(x, axis)
+        scale = scale * 3
+        if zero_point_float:  # LSQ+: a float zero point (holding integers)
+            zp = zp.float()
+    grad = data(x.numel(), x.dtype, spread=1.0).reshape(x.shape)
+    return cpu_and_cuda("fake_quantize_lsq_backward", grad, x, scale, zp, axis, qmin, qmax, 0.75)
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 7, 33, 1025, 5000, 70001])
+def test_lsq_backward_per_tensor(n, dtype, offset):
+    lsq_backward(data(n, dtype, offset=offset), None, dtype)
+
+
+# Per channel: rows (inner >= 32, outer 1 or more, chunks split across warps)
+# and columns (inner < 32, as channels_last).
+LSQ_CASES = {
+    "rows_outer": ((4, 8, 40), 1),
+    "rows_no_outer": ((5, 64), 0),
+    "rows_split": ((3, 5000), 0),
+    "rows_vector_tail": ((4, 3, 36), 1),
+    "columns_last_axis": ((300, 6), -1),
+    "columns_inner3": ((70, 5, 3), 1),
+    "columns_wide": ((40, 300), 1),
+    "columns_many_rows": ((9000, 4), 1),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", sorted(LSQ_CASES))
+def test_lsq_backward_per_channel(case, dtype):
+    shape, axis = LSQ_CASES[case]
+    lsq_backward(shaped(shape, dtype), axis, dtype)
+    lsq_backward(shaped(shape, dtype), axis, dtype, zero_point_float=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_lsq_backward_layouts(dtype):
+    x = shaped((4, 6, 5, 7), dtype)
+    lsq_backward(x.contiguous(memory_format=torch.channels_last), 1, dtype)
+    lsq_backward(x.transpose(1, 3), 3, dtype)
+    lsq_backward(data(x.numel(), dtype, offset=1).reshape(x.shape), 1, dtype)
+    lsq_backward(x[:, :, ::2], 1, dtype)

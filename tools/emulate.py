@@ -1,0 +1,260 @@
+"""The CUDA kernels of csrc/cuda built for the SIMT emulator (csrc/cuda/simt_emulator.h)
+and run on the CPU: `make cuda-emulate`.
+
+  python tools/emulate.py build VARIANT      builds build/emulate/VARIANT/libfakequant_emulated.so
+  python tools/emulate.py test VARIANT       builds it, then runs tests/test_cuda_emulated.py on it
+  python tools/emulate.py planted            plants known mistakes in copies of the device code
+                                             and checks that the emulated tests catch each one
+
+The library is the operators' host functions (csrc/ops, shared with the real
+build) and the CUDA launch code and kernels (csrc/cuda/*.cu compiled as C++ with
+FAKEQUANT_SIMT_EMULATOR), registered under the namespace `fakequant_emulated`
+for CPU tensors: torch.ops.fakequant_emulated.fake_quantize_affine runs the CUDA
+kernel, torch.ops.fakequant.fake_quantize_affine the CPU one.
+
+Variants: plain, asan (AddressSanitizer and UndefinedBehaviorSanitizer; out-of-
+bounds accesses and undefined behaviour in a kernel stop the run) and tsan
+(ThreadSanitizer: two emulated threads writing one global or shared address
+without a barrier between them stop the run). Only the device code is
+instrumented; the host functions are built once, plain, and shared. The
+sanitizer runtime is preloaded into the test process, as tools/sanitize.sh does.
+
+Everything is built under build/emulate (out of the source tree), with ninja.
+"""
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "build", "emulate")
+CXX = os.environ.get("CXX", "g++")
+NAMESPACE = "fakequant_emulated"
+
+SANITIZERS = {
+    "plain": [],
+    "asan": ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all",
+             "-fno-omit-frame-pointer"],
+    "tsan": ["-fsanitize=thread"],
+}
+RUNTIMES = {"plain": [], "asan": ["libasan.so", "libubsan.so"], "tsan": ["libtsan.so"]}
+SANITIZER_ENV = {
+    "asan": {"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:detect_odr_violation=0",
+             "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"},
+    # (the emulator's 256 threads per block: a deeper history than the default)
+    "tsan": {"TSAN_OPTIONS": "halt_on_error=1:exitcode=66:history_size=4:report_signal_unsafe=0"},
+}
+
+# The mistakes `planted` puts into a copy of the device code, one at a time: the
+# file, the exact text replaced (it must occur once), the replacement, and the
+# tests (a pytest -k expression) expected to catch it.
+PLANTED = [
+    ("off-by-one in a tail loop", "kernels.cuh",
+     "for (int64_t e = n_vec + tid; e < n; e += stride) {",
+     "for (int64_t e = n_vec + tid; e <= n; e += stride) {",
+     "mask_backward"),
+    ("wrong shuffle offset", "kernels.cuh",
+     "bits |= __shfl_down_sync(kFullWarp, bits, s) << (V * s);",
+     "bits |= __shfl_down_sync(kFullWarp, bits, s + 1) << (V * s);",
+     "quantize"),
+    ("missing __syncthreads", "lsq_backward.cu",
+     "    shared_s[t] = acc_s;\n    shared_z[t] = acc_z;\n    __syncthreads();",
+     "    shared_s[t] = acc_s;\n    shared_z[t] = acc_z;",
+     "lsq"),
+    ("a mask word written twice", "blockwise.cu",
+     "if (lane == 0 && offset < len) store_mask_word(",
+     "if (lane < 2 && offset < len) store_mask_word(",
+     "blockwise"),
+    ("mask bit in the wrong place", "blockwise.cu",
+     "atomicOr(words + pos / 32, bits << shift);",
+     "atomicOr(words + pos / 32, bits << (shift ^ 1));",
+     "blockwise"),
+    ("grid-stride step of one block", "kernels.cuh",
+     "const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;\n\n  const int64_t vec_tiles",
+     "const int64_t nwarps = static_cast<int64_t>(blockDim.x) / kWarpSize;\n\n  const int64_t vec_tiles",
+     "quantize"),
+]
+
+
+def torch_flags():
+    import torch
+    from torch.utils import cpp_extension
+
+    include = [f"-I{p}" for p in cpp_extension.include_paths()]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cflags = ["-std=c++20", "-fPIC", "-g", "-O1", "-pthread", "-ffp-contract=off",
+              "-fvisibility=hidden", "-fvisibility-inlines-hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+              f"-DFAKEQUANT_NAMESPACE={NAMESPACE}", *include]
+    libdirs = cpp_extension.library_paths()
+    ldflags = [*(f"-L{p}" for p in libdirs), *(f"-Wl,-rpath,{p}" for p in libdirs),
+               "-lc10", "-ltorch_cpu", "-ltorch", "-pthread", "-Wl,-Bsymbolic"]
+    return cflags, ldflags
+
+
+def _ninja():
+    local = os.path.join(sysconfig.get_path("scripts"), "ninja")
+    return local if os.path.exists(local) else (shutil.which("ninja") or "ninja")
+
+
+def _q(args):
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def ninja_rules(cflags, ldflags, csrc):
+    includes = [f"-I{csrc}", f"-I{csrc}/include", f"-I{csrc}/cuda"]
+    return [
+        "ninja_required_version = 1.3",
+        f"cxx = {CXX}",
+        f"cflags = {_q(cflags + includes)}",
+        f"ldflags = {_q(ldflags)}",
+        "rule host",
+        "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "rule device",
+        "  command = $cxx -MMD -MF $out.d $cflags -x c++ -DFAKEQUANT_SIMT_EMULATOR $sanitize -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "rule link",
+        "  command = $cxx -shared $in -o $out $ldflags $sanitize",
+    ]
+
+
+def device_lines(device_sources, csrc, out, variant, host_objects):
+    """Compile and link lines of one variant's library in `out`; returns (lines, lib)."""
+    lines, objects = [], list(host_objects)
+    sanitize = _q(SANITIZERS[variant])
+    for src in device_sources:
+        obj = os.path.join(out, "device", os.path.relpath(src, csrc) + ".o")
+        lines += [f"build {obj}: device {src}", f"  sanitize = {sanitize}"]
+        objects.append(obj)
+    lib = os.path.join(out, f"lib{NAMESPACE}.so")
+    lines += [f"build {lib}: link {' '.join(objects)}", f"  sanitize = {sanitize}"]
+    return lines, lib
+
+
+def host_objects(host_sources, csrc):
+    return [os.path.join(OUT, "host", os.path.relpath(src, csrc) + ".o") for src in host_sources]
+
+
+def run_ninja(path, lines, target, jobs):
+    text = "\n".join(lines) + "\n"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path, "w") as f:
+            f.write(text)
+    jobs = jobs or os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+    subprocess.run([_ninja(), "-f", path, "-j", str(jobs), target], check=True, cwd=os.path.dirname(path))
+
+
+def sources(csrc):
+    host = [os.path.join(csrc, "fakequant.cpp")]
+    host += sorted(os.path.join(csrc, "ops", f) for f in os.listdir(os.path.join(csrc, "ops")) if f.endswith(".cpp"))
+    device = sorted(os.path.join(csrc, "cuda", f) for f in os.listdir(os.path.join(csrc, "cuda")) if f.endswith(".cu"))
+    return host, device
+
+
+def build(variant, jobs=None):
+    """Builds the emulation library of `variant` (build/emulate/VARIANT); returns its path.
+    One ninja file for every variant, so that the host functions compile once."""
+    csrc = os.path.join(ROOT, "csrc")
+    cflags, ldflags = torch_flags()
+    host, device = sources(csrc)
+    lines = ninja_rules(cflags, ldflags, csrc)
+    hosts = host_objects(host, csrc)
+    lines += [f"build {obj}: host {src}" for obj, src in zip(hosts, host)]
+    libs = {}
+    for v in SANITIZERS:
+        more, libs[v] = device_lines(device, csrc, os.path.join(OUT, v), v, hosts)
+        lines += more
+    run_ninja(os.path.join(OUT, "build.ninja"), lines, libs[variant], jobs)
+    return libs[variant]
+
+
+def build_planted(csrc, out, jobs=None):
+    """The plain library with the device code of `csrc` (a copy with a planted
+    mistake) and the host functions of the real build (built first)."""
+    build("plain", jobs)
+    cflags, ldflags = torch_flags()
+    host, device = sources(os.path.join(ROOT, "csrc"))
+    lines = ninja_rules(cflags, ldflags, csrc)
+    more, lib = device_lines(sources(csrc)[1], csrc, out, "plain", host_objects(host, os.path.join(ROOT, "csrc")))
+    run_ninja(os.path.join(out, "build.ninja"), lines + more, lib, jobs)
+    return lib
+
+
+def test_env(variant, lib):
+    env = dict(os.environ)
+    env["FAKEQUANT_EMULATED_LIB"] = lib
+    env.pop("LD_PRELOAD", None)
+    runtimes = [subprocess.run([CXX, f"-print-file-name={r}"], capture_output=True, text=True, check=True).stdout.strip()
+                for r in RUNTIMES[variant]]
+    if runtimes:
+        env["LD_PRELOAD"] = " ".join(runtimes)
+    env.update(SANITIZER_ENV.get(variant, {}))
+    return env
+
+
+def run_tests(variant, lib, pytest_args=()):
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ROOT,
+           os.path.join(ROOT, "tests", "test_cuda_emulated.py"), *pytest_args]
+    return subprocess.run(cmd, env=test_env(variant, lib), cwd=ROOT)
+
+
+def planted(jobs=None):
+    """Each mistake of PLANTED in its own copy of csrc, built plain and tested:
+    the tests must fail. Returns the number of mistakes not caught."""
+    base = os.path.join(OUT, "planted")
+    missed = []
+    for name, filename, old, new, tests in PLANTED:
+        slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        copy = os.path.join(base, slug, "csrc")
+        if os.path.exists(copy):
+            shutil.rmtree(copy)
+        shutil.copytree(os.path.join(ROOT, "csrc"), copy)
+        path = os.path.join(copy, "cuda", filename)
+        text = open(path).read()
+        if text.count(old) != 1:
+            raise SystemExit(f"planted: {name!r}: the text to replace occurs {text.count(old)} times in "
+                             f"csrc/cuda/{filename}, not once; update PLANTED")
+        with open(path, "w") as f:
+            f.write(text.replace(old, new))
+        print(f"planted: {name} (csrc/cuda/{filename}); expecting failures in -k {tests}", flush=True)
+        lib = build_planted(copy, os.path.join(base, slug, "build"), jobs)
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--rootdir", ROOT,
+             os.path.join(ROOT, "tests", "test_cuda_emulated.py"), "-k", tests],
+            env=test_env("plain", lib), cwd=ROOT, capture_output=True, text=True)
+        tail = (run.stdout + run.stderr).strip().splitlines()[-3:]
+        caught = run.returncode == 1 and any("failed" in line for line in tail)
+        print(f"  {'caught' if caught else 'NOT CAUGHT'}: {' | '.join(tail)}", flush=True)
+        if not caught:
+            missed.append(name)
+    print(f"planted: {len(PLANTED) - len(missed)} of {len(PLANTED)} mistakes caught"
+          + (f"; missed: {', '.join(missed)}" if missed else ""))
+    return len(missed)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("build", "test"):
+        p = sub.add_parser(name)
+        p.add_argument("variant", choices=sorted(SANITIZERS))
+        p.add_argument("pytest_args", nargs="*")
+    sub.add_parser("planted")
+    args = parser.parse_args()
+    if args.command == "planted":
+        sys.exit(1 if planted() else 0)
+    lib = build(args.variant)
+    print(lib)
+    if args.command == "test":
+        sys.exit(run_tests(args.variant, lib, args.pytest_args).returncode)
+
+
+if __name__ == "__main__":
+    main()
