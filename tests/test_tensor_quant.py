@@ -26,9 +26,13 @@ def test_alias_and_defaults():
 def test_predefined_descriptors():
     assert tensor_quant.QUANT_DESC_8BIT_PER_TENSOR == QuantDescriptor(num_bits=8)
     assert tensor_quant.QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR.unsigned
-    for name in ("CONV1D", "CONV2D", "CONV3D", "CONVTRANSPOSE1D", "CONVTRANSPOSE2D", "CONVTRANSPOSE3D"):
+    for name in ("CONV1D", "CONV2D", "CONV3D"):
         desc = getattr(tensor_quant, f"QUANT_DESC_8BIT_{name}_WEIGHT_PER_CHANNEL")
         assert desc.axis == 0 and desc.num_bits == 8
+    # a transposed convolution's weight is (in, out / groups, *kernel): output channels on axis 1
+    for name in ("CONVTRANSPOSE1D", "CONVTRANSPOSE2D", "CONVTRANSPOSE3D"):
+        desc = getattr(tensor_quant, f"QUANT_DESC_8BIT_{name}_WEIGHT_PER_CHANNEL")
+        assert desc.axis == 1 and desc.num_bits == 8
     assert tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW.axis == 0
 
 
