@@ -13,6 +13,7 @@ import math
 import numbers
 from typing import Any, Dict, Union
 
+import numpy as np
 import torch
 
 from . import _core, ops
@@ -51,24 +52,25 @@ CALIB_METHODS = ("max", "histogram")
 _BLOCK_STRING_KEYS = ("type", "scale_bits", "scale_block_sizes")
 
 
-def _amax_to_tensor(amax, name="amax") -> torch.Tensor:
-    """A float32 CPU tensor of a user-given amax (number, list, tuple, ndarray or tensor)."""
+def _amax_to_array(amax, name="amax") -> np.ndarray:
+    """A float32 ndarray (a copy) of a user-given amax (number, list, tuple, ndarray or
+    tensor): the type pytorch-quantization's descriptor holds."""
     if isinstance(amax, bool):
         raise TypeError(f"{name} must be a number, a list, an ndarray or a tensor, got a bool")
     if isinstance(amax, torch.Tensor):
-        value = amax.detach().to("cpu", torch.float32).clone()
-    elif isinstance(amax, (numbers.Real, list, tuple)) or type(amax).__module__ == "numpy":
+        value = amax.detach().to("cpu", torch.float32).numpy().copy()
+    elif isinstance(amax, (numbers.Real, list, tuple, np.ndarray, np.generic)):
         try:
-            value = torch.tensor(amax, dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError) as e:
+            value = np.array(amax, dtype=np.float32)
+        except (TypeError, ValueError) as e:
             raise TypeError(f"{name}={amax!r} cannot be read as an array of floats: {e}") from None
     else:
         raise TypeError(
             f"{name} must be a number, a list, an ndarray or a tensor, got {type(amax).__name__}"
         )
-    if value.numel() == 0:
+    if value.size == 0:
         raise ValueError(f"{name} must not be empty")
-    if not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
+    if not bool(np.isfinite(value).all()) or bool((value < 0).any()):
         raise ValueError(f"{name} must be finite and >= 0, got {amax!r}")
     return value
 
@@ -119,7 +121,8 @@ class ScaledQuantDescriptor:
             every ``block_size`` consecutive elements along ``axis`` share an amax.
             Cannot be combined with ``axis``.
         amax: a number, list, ndarray or tensor of user-given amax; when given the
-            quantizer starts with this amax instead of a dynamic one.
+            quantizer starts with this amax instead of a dynamic one. Kept (and
+            returned by the ``amax`` property) as a float32 ``np.ndarray``.
         learn_amax: if True, amax is a learnable parameter (per tensor only).
         scale_amax: a positive number amax is multiplied by. Default None.
         calib_method: ``"max"`` (default) or ``"histogram"``: the calibrator a
@@ -149,7 +152,7 @@ class ScaledQuantDescriptor:
         self._block_sizes = _normalize_block_sizes(kwargs.pop("block_sizes", None))
         self._learn_amax = _check_bool(kwargs.pop("learn_amax", False), "learn_amax")
         amax = kwargs.pop("amax", None)
-        self._amax = None if amax is None else _amax_to_tensor(amax)
+        self._amax = None if amax is None else _amax_to_array(amax)
         scale_amax = kwargs.pop("scale_amax", None)
         if scale_amax is not None:
             if isinstance(scale_amax, bool) or not isinstance(scale_amax, numbers.Real):
@@ -168,7 +171,7 @@ class ScaledQuantDescriptor:
 
         if self._learn_amax and self._axis is not None:
             raise ValueError(f"learn_amax=True learns one amax per tensor; axis must be None, got {self._axis!r}")
-        if self._learn_amax and self._amax is not None and self._amax.numel() != 1:
+        if self._learn_amax and self._amax is not None and self._amax.size != 1:
             raise ValueError(
                 f"learn_amax=True learns one amax per tensor; amax must hold one value, got shape "
                 f"{tuple(self._amax.shape)}"
@@ -207,7 +210,9 @@ class ScaledQuantDescriptor:
 
     @property
     def amax(self):
-        return None if self._amax is None else self._amax.clone()
+        """The user-given amax as a float32 ``np.ndarray`` (a copy), as pytorch-quantization
+        returns it; None if not given."""
+        return None if self._amax is None else self._amax.copy()
 
     @property
     def learn_amax(self):

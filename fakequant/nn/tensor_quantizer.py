@@ -118,7 +118,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._if_calib = False
 
         if quant_desc.amax is not None:
-            self.register_buffer("_amax", quant_desc.amax.to(torch.float32))
+            self.register_buffer("_amax", torch.from_numpy(quant_desc.amax))  # (float32, a copy)
 
         if self._learn_amax:
             init_amax = float(quant_desc.amax.reshape(())) if quant_desc.amax is not None else 1.0
