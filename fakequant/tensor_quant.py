@@ -385,11 +385,11 @@ def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
     amax is 0) in ``inputs``' dtype, so that ``outputs / scale`` dequantizes.
     Differentiable in ``inputs`` (straight-through with clipping)."""
     outputs, scale = ops.quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
-    return outputs, _scale_in(scale, inputs, amax)
+    return outputs, scale_in_input_dtype(scale, inputs, amax)
 
 
-def _scale_in(scale, inputs, amax):
-    """``tensor_quant``'s scale in ``inputs``' dtype."""
+def scale_in_input_dtype(scale, inputs, amax):
+    """``tensor_quant``'s scale in ``inputs``' dtype (for TensorQuantizer too)."""
     if inputs.dtype == torch.half and scale.device.type == "cpu" and bool((scale > 65504).any()):
         raise ValueError(f"the scale bound / amax overflows float16 for amax={amax}")
     return scale.to(inputs.dtype)
@@ -470,7 +470,7 @@ class TensorQuantFunction(torch.autograd.Function):
         outputs, scale, mask = ops.quantize_amax(inputs, amax, num_bits, unsigned, narrow_range, return_mask=True)
         outputs = _output_and_mask(ctx, (outputs, mask))
         ctx.mark_non_differentiable(scale)
-        return outputs, _scale_in(scale, inputs, amax)
+        return outputs, scale_in_input_dtype(scale, inputs, amax)
 
     @staticmethod
     def backward(ctx, grad_outputs, grad_scale):
