@@ -170,7 +170,10 @@ class ScaledQuantDescriptor:
             raise TypeError(f"QuantDescriptor got unexpected keyword arguments: {sorted(kwargs)}")
 
         if self._learn_amax and self._axis is not None:
-            raise ValueError(f"learn_amax=True learns one amax per tensor; axis must be None, got {self._axis!r}")
+            # (pytorch-quantization raised TypeError, with the words in parentheses)
+            raise _core.TypeAndValueError(
+                f"learn_amax=True learns one amax per tensor; axis must be None, got {self._axis!r} "
+                f"(axis is ignored and must be None when learn_amax is true, got {type(self._axis)}.)")
         if self._learn_amax and self._amax is not None and self._amax.size != 1:
             raise ValueError(
                 f"learn_amax=True learns one amax per tensor; amax must hold one value, got shape "
