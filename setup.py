@@ -231,9 +231,10 @@ def build_info_extension():
 def requirements():
     """The binary loads only into the torch release it was built against: pin
     it (the public version; `import fakequant` also checks the local label,
-    +cpu or +cu128)."""
+    +cpu or +cu128). numpy: QuantDescriptor.amax is an ndarray, as in
+    pytorch-quantization."""
     release = torch.__version__.split("+")[0]
-    return [f"torch=={release}", "tqdm>=4.60", "pyyaml>=5.4"]
+    return [f"torch=={release}", "tqdm>=4.60", "pyyaml>=5.4", "numpy"]
 
 
 if __name__ == "__main__":

@@ -17,15 +17,19 @@ FAKEQUANT_LIBRARY(m) {
   // pytorch-quantization semantics: scale = amax / bound with
   // bound = 2^(num_bits - 1 + unsigned) - 1; amax broadcasts to input.
   // The mask (packed) marks |x| <= amax, the STE-with-clipping window.
+  // check_values=False (here and below) is for an amax (scale_amax) that fakequant
+  // computed itself from the input, not given by the user: its values are not
+  // checked on any device, and a NaN or infinite one gives NaN outputs and a zero
+  // mask where it applies, the same everywhere (as CUDA without value checks).
   m.def(
       "fake_quantize_amax(Tensor input, Tensor amax, int num_bits=8, bool unsigned=False, "
-      "bool narrow_range=True) -> (Tensor output, Tensor mask)");
+      "bool narrow_range=True, bool check_values=True) -> (Tensor output, Tensor mask)");
 
   // Same as fake_quantize_amax but returns the integer values rint(x / scale),
   // clamped, in input's dtype (what tensor_quant returns).
   m.def(
       "quantize_amax(Tensor input, Tensor amax, int num_bits=8, bool unsigned=False, "
-      "bool narrow_range=True) -> (Tensor output, Tensor mask)");
+      "bool narrow_range=True, bool check_values=True) -> (Tensor output, Tensor mask)");
 
   // pytorch-quantization's FakeAffineTensorQuantFunction: scale =
   // (max_range - min_range) / (2^num_bits - 1), zero point from min_range.
@@ -44,8 +48,8 @@ FAKEQUANT_LIBRARY(m) {
   // amax broadcasts to input as in fake_quantize_amax, amax <= 2^-24 gives 0. The
   // mask (packed) marks |x| <= amax.
   m.def(
-      "fake_quantize_fp8(Tensor input, Tensor amax, int exponent_bits=4, int mantissa_bits=3) "
-      "-> (Tensor output, Tensor mask)");
+      "fake_quantize_fp8(Tensor input, Tensor amax, int exponent_bits=4, int mantissa_bits=3, "
+      "bool check_values=True) -> (Tensor output, Tensor mask)");
 
   // Block-wise dynamic quantization: blocks of block_size consecutive elements
   // along the last dimension (the last block of each row may be shorter), each
@@ -60,7 +64,7 @@ FAKEQUANT_LIBRARY(m) {
   m.def(
       "fake_quantize_blockwise(Tensor input, int block_size, int num_bits=8, "
       "bool unsigned=False, bool narrow_range=True, int exponent_bits=0, "
-      "Tensor? scale_amax=None) -> (Tensor output, Tensor mask)");
+      "Tensor? scale_amax=None, bool check_values=True) -> (Tensor output, Tensor mask)");
 
   // Learned step size (LSQ, and LSQ+ with a learned zero point): the forward is
   // fake_quantize_affine's output; the backward (fake_quantize_lsq_backward, with

@@ -14,6 +14,10 @@ Invalid parameter values (scale <= 0, amax < 0, ...) raise ValueError for CPU
 tensors. Checking them on CUDA tensors needs a device synchronisation, so there
 they are checked only with the environment variable FAKEQUANT_CHECK_VALUES=1
 (read at the first CUDA call); otherwise an invalid value gives NaN outputs.
+The amax-family functions take ``check_values=False`` for an amax that fakequant
+computed itself from the input (a quantizer's dynamic amax): it is not user
+input, so it is never checked, and a NaN or infinite one (from NaN or inf in the
+input) gives NaN outputs and a zero mask, on every device.
 On CUDA, pass scale/zero_point/amax as device tensors: a Python number becomes
 a host-to-device copy on every call (and cannot be captured in a CUDA graph).
 """
@@ -28,6 +32,7 @@ from ._core import (
     BLOCK_FLOAT_FORMATS,
     FP8_FORMATS,
     amax_bound,
+    check_bool,
     check_float,
     check_fp8_format,
     check_int,
@@ -107,7 +112,7 @@ def _(input, scale, zero_point, axis, quant_min, quant_max, pack_mask=True):
 
 
 @torch.library.register_fake("fakequant::fake_quantize_amax")
-def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+def _(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=True):
     warn_if_translations_missing("fakequant::fake_quantize_amax")
     _check_meta(input, amax=amax)
     y = torch.empty_like(input)
@@ -115,7 +120,7 @@ def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
 
 
 @torch.library.register_fake("fakequant::quantize_amax")
-def _(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+def _(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=True):
     warn_if_translations_missing("fakequant::quantize_amax")
     _check_meta(input, amax=amax)
     y = torch.empty_like(input)
@@ -302,12 +307,12 @@ def unpack_mask(mask: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
 class _FakeQuantizeAmaxPassThrough(torch.autograd.Function):
     # Pass-through STE (no clipping), as modelopt's pass_through_bwd.
     @staticmethod
-    def forward(ctx, input, amax, num_bits, unsigned, narrow_range):
-        return _ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range)[0]
+    def forward(ctx, input, amax, num_bits, unsigned, narrow_range, check_values):
+        return _ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)[0]
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def fake_quantize_amax(
@@ -319,6 +324,7 @@ def fake_quantize_amax(
     pass_through: bool = False,
     *,
     return_mask: bool = False,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """pytorch-quantization's ``fake_tensor_quant``: scale ``amax / bound``.
 
@@ -327,15 +333,18 @@ def fake_quantize_amax(
     output is 0. The gradient passes where ``|x| <= amax`` (or everywhere with
     ``pass_through=True``). ``return_mask=True`` returns ``(output, packed mask)``
     (the mask the backward uses; see :func:`unpack_mask`, :func:`mask_grad`).
+    ``check_values=False``: ``amax`` was computed by fakequant from the input, not
+    given: not checked, NaN/inf in it give NaN outputs (see the module docstring).
     """
     input = check_tensor(input, "input")
     amax = _as_tensor(amax, input, torch.float32, "amax")
     num_bits = check_integer_num_bits(num_bits)
+    check_values = check_bool(check_values, "check_values")
     if pass_through:
         if return_mask:
             raise ValueError("fakequant: return_mask=True has no mask to return with pass_through=True")
-        return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range)
-    return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range), return_mask)
+        return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range, check_values)
+    return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values), return_mask)
 
 
 def quantize_amax(
@@ -346,15 +355,18 @@ def quantize_amax(
     narrow_range: bool = True,
     *,
     return_mask: bool = False,
+    check_values: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """pytorch-quantization's ``tensor_quant``: the integer values (in input's
     dtype) and the scale ``bound / amax`` they were multiplied by (1 where
     ``amax <= 2^-24``), so that ``output / scale`` dequantizes; and the packed
-    mask third with ``return_mask=True``."""
+    mask third with ``return_mask=True``. ``check_values`` as in
+    :func:`fake_quantize_amax`."""
     input = check_tensor(input, "input")
     amax = _as_tensor(amax, input, torch.float32, "amax")
     num_bits = check_integer_num_bits(num_bits)
-    output, mask = _ops.quantize_amax(input, amax, num_bits, unsigned, narrow_range)
+    check_values = check_bool(check_values, "check_values")
+    output, mask = _ops.quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
     amax32 = amax.float()
     bound = float(amax_bound(num_bits, unsigned))
     scale = torch.where(amax32 <= AMAX_EPSILON, torch.ones_like(amax32), bound / amax32)
@@ -387,7 +399,7 @@ def fp8_max(exponent_bits: int = 4, mantissa_bits: int = 3) -> float:
 
 
 @torch.library.register_fake("fakequant::fake_quantize_fp8")
-def _(input, amax, exponent_bits=4, mantissa_bits=3):
+def _(input, amax, exponent_bits=4, mantissa_bits=3, check_values=True):
     warn_if_translations_missing("fakequant::fake_quantize_fp8")
     _check_meta(input, amax=amax)
     check_fp8_format(exponent_bits, mantissa_bits)
@@ -407,6 +419,7 @@ def fake_quantize_fp8(
     mantissa_bits: int = 3,
     *,
     return_mask: bool = False,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """FP8 fake quantization: E4M3 (``exponent_bits=4, mantissa_bits=3``, max 448)
     or E5M2 (5, 2; max 57344) with scale ``s = amax / max``:
@@ -416,11 +429,13 @@ def fake_quantize_fp8(
     ``amax`` is a number or a tensor broadcastable to ``input``, as in
     :func:`fake_quantize_amax`; where ``amax <= 2^-24`` the output is 0. The
     gradient passes where ``|x| <= amax``. ``return_mask=True`` returns ``(output, packed mask)``.
+    ``check_values`` as in :func:`fake_quantize_amax`.
     """
     input = check_tensor(input, "input")
     amax = _as_tensor(amax, input, torch.float32, "amax")
     exponent_bits, mantissa_bits = check_fp8_format(exponent_bits, mantissa_bits)
-    return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits), return_mask)
+    check_values = check_bool(check_values, "check_values")
+    return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values), return_mask)
 
 
 # === end FP8 ===
@@ -473,7 +488,8 @@ def _blockwise_keeps_layout(input: torch.Tensor) -> bool:
 
 
 @torch.library.register_fake("fakequant::fake_quantize_blockwise")
-def _(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0, scale_amax=None):
+def _(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0, scale_amax=None,
+      check_values=True):
     warn_if_translations_missing("fakequant::fake_quantize_blockwise")
     _check_meta(input, **({} if scale_amax is None else {"scale_amax": scale_amax}))
     _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax)
@@ -495,6 +511,8 @@ def fake_quantize_blockwise(
     exponent_bits: int = 0,
     scale_amax: Optional[TensorOrNumber] = None,
     axis: int = -1,
+    *,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """Block-wise dynamic fake quantization: blocks of ``block_size`` consecutive
     elements along ``axis`` (the last block of each row may be shorter), each
@@ -515,13 +533,15 @@ def fake_quantize_blockwise(
     ``|x / scale|`` at most the float format's max plus half its top step. (So a
     block's own maximum always keeps its gradient, even where ``amax / scale``
     rounds just above the bound in float32.) Other axes than the last are moved last (a copy
-    when that makes the rows strided) and back.
+    when that makes the rows strided) and back. ``check_values=False``: ``scale_amax`` was
+    computed by fakequant from the input (see :func:`fake_quantize_amax`).
     """
     input = check_tensor(input, "input")
     block_size = check_int(block_size, "block_size")
     num_bits = check_integer_num_bits(num_bits)
     exponent_bits = check_int(exponent_bits, "exponent_bits")
     axis = check_int(axis, "axis")
+    check_values = check_bool(check_values, "check_values")
     if scale_amax is not None:
         scale_amax = _as_tensor(scale_amax, input, torch.float32, "scale_amax")
     nd = max(input.dim(), 1)
@@ -530,7 +550,8 @@ def fake_quantize_blockwise(
     axis %= nd
     moved = input.dim() > 1 and axis != input.dim() - 1
     x = input.movedim(axis, -1) if moved else input
-    y = _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax)[0]
+    y = _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
+                                     check_values)[0]
     return y.movedim(-1, axis) if moved else y
 
 

@@ -13,6 +13,7 @@ import math
 import numbers
 from typing import Any, Dict, Union
 
+import numpy as np
 import torch
 
 from . import _core, ops
@@ -51,24 +52,25 @@ CALIB_METHODS = ("max", "histogram")
 _BLOCK_STRING_KEYS = ("type", "scale_bits", "scale_block_sizes")
 
 
-def _amax_to_tensor(amax, name="amax") -> torch.Tensor:
-    """A float32 CPU tensor of a user-given amax (number, list, tuple, ndarray or tensor)."""
+def _amax_to_array(amax, name="amax") -> np.ndarray:
+    """A float32 ndarray (a copy) of a user-given amax (number, list, tuple, ndarray or
+    tensor): the type pytorch-quantization's descriptor holds."""
     if isinstance(amax, bool):
         raise TypeError(f"{name} must be a number, a list, an ndarray or a tensor, got a bool")
     if isinstance(amax, torch.Tensor):
-        value = amax.detach().to("cpu", torch.float32).clone()
-    elif isinstance(amax, (numbers.Real, list, tuple)) or type(amax).__module__ == "numpy":
+        value = amax.detach().to("cpu", torch.float32).numpy().copy()
+    elif isinstance(amax, (numbers.Real, list, tuple, np.ndarray, np.generic)):
         try:
-            value = torch.tensor(amax, dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError) as e:
+            value = np.array(amax, dtype=np.float32)
+        except (TypeError, ValueError) as e:
             raise TypeError(f"{name}={amax!r} cannot be read as an array of floats: {e}") from None
     else:
         raise TypeError(
             f"{name} must be a number, a list, an ndarray or a tensor, got {type(amax).__name__}"
         )
-    if value.numel() == 0:
+    if value.size == 0:
         raise ValueError(f"{name} must not be empty")
-    if not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
+    if not bool(np.isfinite(value).all()) or bool((value < 0).any()):
         raise ValueError(f"{name} must be finite and >= 0, got {amax!r}")
     return value
 
@@ -119,7 +121,8 @@ class ScaledQuantDescriptor:
             every ``block_size`` consecutive elements along ``axis`` share an amax.
             Cannot be combined with ``axis``.
         amax: a number, list, ndarray or tensor of user-given amax; when given the
-            quantizer starts with this amax instead of a dynamic one.
+            quantizer starts with this amax instead of a dynamic one. Kept (and
+            returned by the ``amax`` property) as a float32 ``np.ndarray``.
         learn_amax: if True, amax is a learnable parameter (per tensor only).
         scale_amax: a positive number amax is multiplied by. Default None.
         calib_method: ``"max"`` (default) or ``"histogram"``: the calibrator a
@@ -149,7 +152,7 @@ class ScaledQuantDescriptor:
         self._block_sizes = _normalize_block_sizes(kwargs.pop("block_sizes", None))
         self._learn_amax = _check_bool(kwargs.pop("learn_amax", False), "learn_amax")
         amax = kwargs.pop("amax", None)
-        self._amax = None if amax is None else _amax_to_tensor(amax)
+        self._amax = None if amax is None else _amax_to_array(amax)
         scale_amax = kwargs.pop("scale_amax", None)
         if scale_amax is not None:
             if isinstance(scale_amax, bool) or not isinstance(scale_amax, numbers.Real):
@@ -167,8 +170,11 @@ class ScaledQuantDescriptor:
             raise TypeError(f"QuantDescriptor got unexpected keyword arguments: {sorted(kwargs)}")
 
         if self._learn_amax and self._axis is not None:
-            raise ValueError(f"learn_amax=True learns one amax per tensor; axis must be None, got {self._axis!r}")
-        if self._learn_amax and self._amax is not None and self._amax.numel() != 1:
+            # (pytorch-quantization raised TypeError, with the words in parentheses)
+            raise _core.TypeAndValueError(
+                f"learn_amax=True learns one amax per tensor; axis must be None, got {self._axis!r} "
+                f"(axis is ignored and must be None when learn_amax is true, got {type(self._axis)}.)")
+        if self._learn_amax and self._amax is not None and self._amax.size != 1:
             raise ValueError(
                 f"learn_amax=True learns one amax per tensor; amax must hold one value, got shape "
                 f"{tuple(self._amax.shape)}"
@@ -207,7 +213,9 @@ class ScaledQuantDescriptor:
 
     @property
     def amax(self):
-        return None if self._amax is None else self._amax.clone()
+        """The user-given amax as a float32 ``np.ndarray`` (a copy), as pytorch-quantization
+        returns it; None if not given."""
+        return None if self._amax is None else self._amax.copy()
 
     @property
     def learn_amax(self):
@@ -331,9 +339,11 @@ QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
 QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
 QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
 QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW = QuantDescriptor(num_bits=8, axis=0)
-QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
-QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
-QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+# A transposed convolution's weight is (in, out / groups, *kernel): its output
+# channels are axis 1 (as in pytorch-quantization 2.2.1).
+QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=1)
+QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=1)
+QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=1)
 
 
 # --- functions ---------------------------------------------------------------
@@ -378,11 +388,11 @@ def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
     amax is 0) in ``inputs``' dtype, so that ``outputs / scale`` dequantizes.
     Differentiable in ``inputs`` (straight-through with clipping)."""
     outputs, scale = ops.quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
-    return outputs, _scale_in(scale, inputs, amax)
+    return outputs, scale_in_input_dtype(scale, inputs, amax)
 
 
-def _scale_in(scale, inputs, amax):
-    """``tensor_quant``'s scale in ``inputs``' dtype."""
+def scale_in_input_dtype(scale, inputs, amax):
+    """``tensor_quant``'s scale in ``inputs``' dtype (for TensorQuantizer too)."""
     if inputs.dtype == torch.half and scale.device.type == "cpu" and bool((scale > 65504).any()):
         raise ValueError(f"the scale bound / amax overflows float16 for amax={amax}")
     return scale.to(inputs.dtype)
@@ -463,7 +473,7 @@ class TensorQuantFunction(torch.autograd.Function):
         outputs, scale, mask = ops.quantize_amax(inputs, amax, num_bits, unsigned, narrow_range, return_mask=True)
         outputs = _output_and_mask(ctx, (outputs, mask))
         ctx.mark_non_differentiable(scale)
-        return outputs, _scale_in(scale, inputs, amax)
+        return outputs, scale_in_input_dtype(scale, inputs, amax)
 
     @staticmethod
     def backward(ctx, grad_outputs, grad_scale):

@@ -416,6 +416,29 @@ def test_invalid_values_give_nan_with_checks_off():
         assert bool(y.isnan().all()) and not bool(m.any()), (lo, hi)
 
 
+def test_dynamic_amax_propagates_nan_with_checks_on():
+    # A quantizer's dynamic amax is not user input: NaN outputs on CUDA as on the CPU, even
+    # with FAKEQUANT_CHECK_VALUES=1 (which still checks a given amax).
+    run_python(
+        """
+        import math, torch, pytest
+        from fakequant.nn import TensorQuantizer
+        from fakequant.tensor_quant import QuantDescriptor
+        for device in ("cpu", "cuda"):
+            x = torch.randn(3, 8, device=device)
+            x[1, 2] = math.nan
+            assert bool(TensorQuantizer(QuantDescriptor()).to(device)(x).isnan().all())
+            y = TensorQuantizer(QuantDescriptor(axis=0)).to(device)(x)
+            assert bool(y[1].isnan().all()) and not bool(y[0].isnan().any())
+            q = TensorQuantizer(QuantDescriptor(amax=1.0)).to(device)
+            q.amax = torch.tensor(math.nan)  # a given amax is still checked
+            with pytest.raises(ValueError, match="amax"):
+                q(x)
+        """,
+        env={"FAKEQUANT_CHECK_VALUES": "1"},
+    )
+
+
 def test_invalid_values_raise_with_checks_on():
     out = run_python(
         """

@@ -54,6 +54,24 @@ class LSTMNet(nn.Module):
         return self.fc(out[:, -1])
 
 
+class DeconvNet(nn.Module):
+    """An upsampling head: two QuantConvTranspose2d (weights (in=8, out/groups, k, k), quantized
+    per output channel, axis 1; one grouped) and a QuantConv2d skip path, summed. Each reads
+    the model's input (times 1, 0.5, -1: exact, and three input quantizers the exporter cannot
+    merge), so both runtimes quantize the same floats (a chain would quantize a convolution's
+    output, whose float sums ONNX Runtime and PyTorch order differently, and a value at a
+    rounding boundary could move one step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up1 = quant_nn.QuantConvTranspose2d(8, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.up2 = quant_nn.QuantConvTranspose2d(8, 6, 2, stride=2)
+        self.skip = quant_nn.QuantConv2d(8, 6, 1)
+
+    def forward(self, x):
+        return self.up1(x) + self.up2(0.5 * x) + F.interpolate(self.skip(-x), scale_factor=2.0)
+
+
 def _calibrated(model, batches):
     torch.manual_seed(0)
     for m in model.modules():
@@ -69,6 +87,7 @@ def _calibrated(model, batches):
 MODELS = {
     "convnet": (ConvNet, (3, 3, 16, 16)),
     "lstm": (LSTMNet, (3, 7, 6)),
+    "deconv": (DeconvNet, (2, 8, 5, 5)),
 }
 # The dynamo exporter builds opset 18; ONNX's converter cannot take these models lower
 # (test_dynamo_below_opset_18_raises_where_onnx_cannot_convert).
@@ -114,7 +133,8 @@ def test_onnxruntime_matches_pytorch(exported, name, exporter, opset):
         got = session.run(None, {"x": x.numpy()})[0]
         assert got.shape == expected.shape
         assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
-        assert bits_equal(got.argmax(-1), expected.argmax(-1))
+        if name != "deconv":  # (an image out, no classes)
+            assert bits_equal(got.argmax(-1), expected.argmax(-1))
 
 
 def _quantizers(model):
@@ -139,11 +159,48 @@ def test_one_qdq_pair_per_quantizer_with_constant_scales(exported, name, exporte
     constants |= {n.output[0] for n in nodes if n.op_type == "Identity" and n.input[0] in constants}
     for n in q_nodes + dq_nodes:
         assert n.input[1] in constants, f"{n.op_type} {n.name} has a computed scale"
-    # Weights: per output channel (axis 0), as many scales as channels.
+    # Weights: per output channel (axis 0; axis 1 of a transposed convolution's weight), as
+    # many scales as channels.
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
     per_axis = [n for n in q_nodes if any(a.name == "axis" and a.i == 0 for a in n.attribute)
                 and n.input[1] in inits and inits[n.input[1]].ndim == 1]
     assert per_axis, "no per-channel weight quantizer in the graph"
+
+
+def _weight_quantize_linear(proto):
+    """The per-axis scales of the QuantizeLinear nodes, by axis
+    (``{axis: [scales, ...]}``)."""
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    consts = {n.output[0]: onnx.numpy_helper.to_array(a.t) for n in proto.graph.node if n.op_type == "Constant"
+              for a in n.attribute if a.name == "value"}
+    consts.update(inits)
+    found = {}
+    for n in proto.graph.node:
+        if n.op_type != "QuantizeLinear":
+            continue
+        axis = next((a.i for a in n.attribute if a.name == "axis"), None)
+        scale = consts.get(n.input[1])
+        if axis is not None and scale is not None and scale.ndim == 1 and scale.size > 1:
+            found.setdefault(axis, []).append(scale)
+    return found
+
+
+@pytest.mark.parametrize("exporter, opset", EXPORTS)
+def test_conv_transpose_weight_exports_per_output_channel(exported, exporter, opset):
+    # A transposed convolution's weight (in, out / groups, *k) is quantized per output channel:
+    # QuantizeLinear along axis 1, with one scale per output channel (amax / 127), as calibrated.
+    model, proto, session, tests, caught = exported("deconv", exporter, opset)
+    assert not caught, [str(w.message) for w in caught]
+    found = _weight_quantize_linear(proto)
+    assert sorted(found) == [0, 1], found  # the Conv2d's weight on axis 0, both transposed ones on axis 1
+    assert sorted(s.size for s in found[1]) == [3, 6]  # up1: (8, 3, 3, 3), groups=2; up2: (8, 6, 2, 2)
+    assert [s.size for s in found[0]] == [6]  # skip: (6, 8, 1, 1)
+    for up in (model.up1, model.up2):
+        amax = up.weight_quantizer.amax
+        assert amax.shape == (1, up.weight.shape[1], 1, 1)
+        assert bits_equal(amax, up.weight.detach().abs().amax((0, 2, 3), keepdim=True))
+        expected = (amax.flatten() / 127).numpy()
+        assert any(bits_equal(s, expected) for s in found[1]), (found[1], expected)
 
 
 def test_enable_onnx_export_makes_no_difference_to_the_graph(exported, tmp_path):

@@ -95,7 +95,7 @@ def test_one_version_string(setup_py):
 
 def test_wheel_pins_the_torch_release(setup_py):
     release = torch.__version__.split("+")[0]
-    assert setup_py.requirements() == [f"torch=={release}", "tqdm>=4.60", "pyyaml>=5.4"]
+    assert setup_py.requirements() == [f"torch=={release}", "tqdm>=4.60", "pyyaml>=5.4", "numpy"]
     from importlib.metadata import PackageNotFoundError, requires
 
     try:

@@ -46,7 +46,9 @@ def test_conv_equals_float_conv_on_quantized_tensors(device, quant_cls, float_cl
     fm.load_state_dict({k: v for k, v in qm.state_dict().items() if "quantizer" not in k})
     x = (torch.randn(shape, device=device) * 2).requires_grad_()
     out = qm(x)
-    w_amax = per_channel_amax(qm.weight, 0)  # per "channel" 0, pytorch-quantization's default
+    # per output channel, pytorch-quantization's default: axis 0 of a convolution's weight
+    # (out, in / groups, *k), axis 1 of a transposed convolution's (in, out / groups, *k)
+    w_amax = per_channel_amax(qm.weight, 1 if qm.transposed else 0)
     with torch.no_grad():
         fm.weight.copy_(fq(qm.weight, w_amax))
     expected = fm(fq(x.detach(), torch.tensor(2.0, device=device)))
@@ -56,6 +58,22 @@ def test_conv_equals_float_conv_on_quantized_tensors(device, quant_cls, float_cl
     assert qm.weight.grad is not None and qm.weight.grad.abs().sum() > 0
     assert isinstance(qm, float_cls)
     assert set(qm.state_dict()) == set(fm.state_dict()) | {"_input_quantizer._amax"}
+
+
+@pytest.mark.parametrize("cls, dims", [(quant_nn.ConvTranspose1d, 1), (quant_nn.ConvTranspose2d, 2),
+                                       (quant_nn.ConvTranspose3d, 3)])
+def test_conv_transpose_weight_is_calibrated_per_output_channel(cls, dims):
+    # weight (in=4, out/groups=3, *k): one amax per output channel, axis 1, from the
+    # quantizer's own calibrator as from calibrate_weights
+    qm = cls(4, 6, 2, groups=2)
+    assert qm.weight_quantizer.axis == 1
+    qm.weight_quantizer.enable_calib()
+    qm.weight_quantizer.disable_quant()
+    qm(torch.randn((1, 4) + (3,) * dims))
+    qm.weight_quantizer.load_calib_amax()
+    expected = per_channel_amax(qm.weight, 1)
+    assert expected.shape == (1, 3) + (1,) * dims
+    assert bits_equal(qm.weight_quantizer.amax, expected)
 
 
 @pytest.mark.parametrize("device", DEVICES)

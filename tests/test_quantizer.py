@@ -433,3 +433,88 @@ def test_real_quantization_writes_only_scale():
     outputs = q(torch.randn(10))
     assert torch.equal(q.scale, torch.tensor(127 / 2.0)) and outputs.dtype == torch.float32
     assert {k: v for k, v in vars(q).items() if k != "_scale"} == state
+
+
+# --- a dynamic amax is computed, not given: NaN and inf propagate -------------------------
+
+
+def _with_bad_value(device, bad):
+    x = torch.randn(3, 8, device=device) * 2
+    x[1, 2] = bad
+    return x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("kwargs", [dict(), dict(fake_quant=False), dict(num_bits=(4, 3)), dict(num_bits=(5, 2)),
+                                    dict(amax=1.0, dynamic=True), dict(unsigned=True, narrow_range=True)])
+def test_dynamic_amax_per_tensor_propagates_nan_and_inf(device, bad, kwargs):
+    # The amax computed from an input holding NaN (inf) is NaN (inf): not user input, so it
+    # is not checked; every output is NaN, as in pytorch-quantization 2.2.1, on every device
+    # (the CPU used to raise ValueError, CUDA gave NaN) and whatever FAKEQUANT_CHECK_VALUES says.
+    x = _with_bad_value(device, bad).requires_grad_()
+    q = TensorQuantizer(desc(**kwargs)).to(device)
+    y = q(x)
+    assert y.shape == x.shape and bool(y.isnan().all())
+    y.sum().backward()
+    assert bits_equal(x.grad, torch.zeros_like(x))  # an invalid amax gives a zero mask
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_dynamic_amax_per_channel_propagates_nan_where_it_applies(device, bad):
+    x = _with_bad_value(device, bad)
+    q = TensorQuantizer(desc(axis=0)).to(device)
+    y = q(x)
+    assert bool(y[1].isnan().all())
+    good = x[[0, 2]]
+    expected, _ = reference.fake_quantize_amax(good, good.abs().amax(1, keepdim=True), 8, False, False)
+    assert bits_equal(y[[0, 2]], expected)
+    # static blocks with amax computed per block: the block holding the value only
+    qb = TensorQuantizer(desc(block_sizes={-1: 4})).to(device)
+    yb = qb(x)
+    assert bool(yb[1, :4].isnan().all()) and not bool(yb[1, 4:].isnan().any()) and not bool(yb[[0, 2]].isnan().any())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dynamic_nvfp4_scale_amax_propagates_nan(device):
+    # the per-tensor amax under NVFP4's E4M3 block scales, computed from the input
+    q = TensorQuantizer(desc(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}))
+    x = torch.randn(2, 32, device=device)
+    x[0, 3] = math.nan
+    assert bool(q.to(device)(x).isnan().all())
+
+
+def test_given_or_calibrated_amax_keeps_raising_on_nan():
+    x = torch.randn(3, 8)
+    for bad in (math.nan, math.inf, -1.0):
+        q = TensorQuantizer(desc(amax=2.0))
+        q.amax = torch.tensor(bad)  # the user's value
+        with pytest.raises(ValueError, match="amax"):
+            q(x)
+        with pytest.raises(ValueError, match="amax"):
+            QuantDescriptor(amax=bad)
+        with pytest.raises(ValueError, match="amax"):
+            ops.fake_quantize_amax(x, bad)
+        with pytest.raises(ValueError, match="amax"):
+            ops.fake_quantize_fp8(x, torch.tensor(bad))
+    # an input holding NaN under a given amax: NaN where it is, as the contract says
+    q = TensorQuantizer(desc(amax=2.0))
+    y = q(_with_bad_value("cpu", math.nan))
+    assert int(y.isnan().sum()) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ops_check_values_false_gives_nan_and_zero_mask(device):
+    # check_values=False: the operators' own switch for an amax fakequant computed itself
+    x = torch.randn(4, 5, device=device)
+    for bad in (math.nan, math.inf, -1.0):
+        amax = torch.tensor(bad, device=device)
+        for y, m in (ops.fake_quantize_amax(x, amax, return_mask=True, check_values=False),
+                     ops.quantize_amax(x, amax, return_mask=True, check_values=False)[::2],
+                     ops.fake_quantize_fp8(x, amax, return_mask=True, check_values=False)):
+            assert bool(y.isnan().all()) and not bool(m.any()), bad
+        y, m = torch.ops.fakequant.fake_quantize_blockwise(x, 5, 4, False, True, 2, amax, False)
+        assert bool(y.isnan().all()) and not bool(m.any()), bad
+    with pytest.raises(TypeError, match="check_values"):
+        ops.fake_quantize_amax(x, 1.0, check_values=0)

@@ -65,6 +65,32 @@ def test_state_dict_round_trip_weights_only():
         assert bits_equal(a, b), k
 
 
+def test_conv_transpose_checkpoint_round_trip_per_output_channel():
+    # A decoder's transposed convolutions keep one weight amax per output channel (axis 1 of
+    # the weight (in, out / groups, *k)) through a weights_only checkpoint, as 2.2.1 saves it.
+    def decoder():
+        torch.manual_seed(0)
+        return nn.Sequential(quant_nn.ConvTranspose1d(4, 6, 3, stride=2, groups=2), nn.ReLU(),
+                             nn.Unflatten(2, (1, 9)), quant_nn.ConvTranspose2d(6, 5, 2),
+                             nn.Unflatten(3, (1, 10)), quant_nn.ConvTranspose3d(5, 3, (1, 1, 2)))
+
+    m = decoder()
+    g = torch.Generator().manual_seed(1)
+    fakequant.calibrate(m, [torch.randn(2, 4, 4, generator=g) for _ in range(2)], progress=False)
+    shapes = {"0._weight_quantizer._amax": (1, 3, 1), "3._weight_quantizer._amax": (1, 5, 1, 1),
+              "5._weight_quantizer._amax": (1, 3, 1, 1, 1)}
+    sd = roundtrip(m.eval().state_dict(), weights_only=True)
+    for key, shape in shapes.items():
+        assert tuple(sd[key].shape) == shape, key
+        w = sd[key.replace("_weight_quantizer._amax", "weight")]
+        assert bits_equal(sd[key], w.abs().amax([d for d in range(w.dim()) if d != 1], keepdim=True)), key
+    fresh = decoder()
+    assert fresh[0].weight_quantizer.amax is None
+    fresh.load_state_dict(sd)
+    x = torch.randn(2, 4, 4, generator=g)
+    assert bits_equal(fresh.eval()(x), m(x))
+
+
 def test_state_dict_keys_are_tensors_only():
     # What torch.load(weights_only=True) takes without any allowlist.
     for k, v in calibrated().state_dict().items():

@@ -1,11 +1,13 @@
 """Descriptors and the tensor_quant functions (against tests/reference.py)."""
 import pickle
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
 from fakequant import tensor_quant
+from fakequant.nn import TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 
 import reference
@@ -26,9 +28,13 @@ def test_alias_and_defaults():
 def test_predefined_descriptors():
     assert tensor_quant.QUANT_DESC_8BIT_PER_TENSOR == QuantDescriptor(num_bits=8)
     assert tensor_quant.QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR.unsigned
-    for name in ("CONV1D", "CONV2D", "CONV3D", "CONVTRANSPOSE1D", "CONVTRANSPOSE2D", "CONVTRANSPOSE3D"):
+    for name in ("CONV1D", "CONV2D", "CONV3D"):
         desc = getattr(tensor_quant, f"QUANT_DESC_8BIT_{name}_WEIGHT_PER_CHANNEL")
         assert desc.axis == 0 and desc.num_bits == 8
+    # a transposed convolution's weight is (in, out / groups, *kernel): output channels on axis 1
+    for name in ("CONVTRANSPOSE1D", "CONVTRANSPOSE2D", "CONVTRANSPOSE3D"):
+        desc = getattr(tensor_quant, f"QUANT_DESC_8BIT_{name}_WEIGHT_PER_CHANNEL")
+        assert desc.axis == 1 and desc.num_bits == 8
     assert tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW.axis == 0
 
 
@@ -36,7 +42,7 @@ def test_properties_are_read_only():
     d = QuantDescriptor(num_bits=4, amax=1.0)
     with pytest.raises(AttributeError):
         d.num_bits = 8
-    d.amax.fill_(7.0)  # a copy: the descriptor keeps its value
+    d.amax.fill(7.0)  # a copy: the descriptor keeps its value
     assert d.amax.item() == 1.0
 
 
@@ -72,11 +78,18 @@ def test_dict_omits_defaults():
     assert d["calib_method"] == "histogram" and d["dynamic"] is True
 
 
-def test_amax_is_float32():
+def test_amax_is_a_float32_ndarray():
+    # pytorch-quantization 2.2.1 keeps a user-given amax as np.array(amax, dtype=np.float32)
     d = QuantDescriptor(amax=0.1)
-    assert d.amax.dtype == torch.float32 and d.amax.shape == ()
+    assert type(d.amax) is np.ndarray and d.amax.dtype == np.float32 and d.amax.shape == ()
+    assert d.amax == np.float32(0.1)
     assert QuantDescriptor.from_yaml(d.to_yaml()).amax.item() == d.amax.item()
-    assert QuantDescriptor(amax=torch.tensor([1.0, 2.0])).amax.shape == (2,)
+    for given in (torch.tensor([1.0, 2.0]), [1.0, 2.0], np.array([1.0, 2.0])):
+        amax = QuantDescriptor(amax=given).amax
+        assert type(amax) is np.ndarray and amax.dtype == np.float32 and amax.tolist() == [1.0, 2.0]
+    # the quantizer built from it starts with that amax, as a float32 tensor
+    q = TensorQuantizer(QuantDescriptor(amax=[[0.5], [1.25]], axis=0))
+    assert q.amax.dtype == torch.float32 and q.amax.tolist() == [[0.5], [1.25]]
 
 
 def test_equality():

@@ -11,9 +11,10 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> quantize_by_amax(const at::Tensor& input,
                                                     at::IntArrayRef param_strides,
                                                     const at::Tensor& amax, float bound,
-                                                    float quant_min, Output output) {
+                                                    float quant_min, Output output,
+                                                    bool check_values) {
   const DeviceScope scope(input);
-  if (run_value_checks(input)) check_amax_values(amax);
+  if (run_value_checks(input, check_values)) check_amax_values(amax);
   const at::Tensor a = param_tensor(amax);
   return run_quantize(input, param_strides, a.numel(), AmaxFamily{param_ptr(a), bound, quant_min},
                       output, MaskOut::kPacked);
@@ -21,37 +22,41 @@ std::tuple<at::Tensor, at::Tensor> quantize_by_amax(const at::Tensor& input,
 
 std::tuple<at::Tensor, at::Tensor> integer_amax(const at::Tensor& input, const at::Tensor& amax,
                                                 int64_t num_bits, bool is_unsigned,
-                                                bool narrow_range, Output output) {
+                                                bool narrow_range, Output output,
+                                                bool check_values) {
   const auto param_strides = check_amax_args(input, amax, num_bits);
   const int64_t bound = amax_bound(num_bits, is_unsigned);
   const int64_t quant_min = amax_quant_min(bound, is_unsigned, narrow_range);
   return quantize_by_amax(input, param_strides, amax, static_cast<float>(bound),
-                          static_cast<float>(quant_min), output);
+                          static_cast<float>(quant_min), output, check_values);
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> fake_quantize_amax(const at::Tensor& input,
                                                       const at::Tensor& amax, int64_t num_bits,
-                                                      bool is_unsigned, bool narrow_range) {
-  return integer_amax(input, amax, num_bits, is_unsigned, narrow_range, Output::kFake);
+                                                      bool is_unsigned, bool narrow_range,
+                                                      bool check_values) {
+  return integer_amax(input, amax, num_bits, is_unsigned, narrow_range, Output::kFake,
+                      check_values);
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize_amax(const at::Tensor& input, const at::Tensor& amax,
                                                  int64_t num_bits, bool is_unsigned,
-                                                 bool narrow_range) {
-  return integer_amax(input, amax, num_bits, is_unsigned, narrow_range, Output::kInteger);
+                                                 bool narrow_range, bool check_values) {
+  return integer_amax(input, amax, num_bits, is_unsigned, narrow_range, Output::kInteger,
+                      check_values);
 }
 
 std::tuple<at::Tensor, at::Tensor> fake_quantize_fp8(const at::Tensor& input,
                                                      const at::Tensor& amax,
                                                      int64_t exponent_bits,
-                                                     int64_t mantissa_bits) {
+                                                     int64_t mantissa_bits, bool check_values) {
   const auto param_strides = check_fp8_args(input, amax, exponent_bits, mantissa_bits);
   const bool e4m3 = exponent_bits == 4;
   const FloatFormat format = e4m3 ? kE4M3 : kE5M2;
   return quantize_by_amax(input, param_strides, amax, format.max, -format.max,
-                          e4m3 ? Output::kFp8E4M3 : Output::kFp8E5M2);
+                          e4m3 ? Output::kFp8E4M3 : Output::kFp8E5M2, check_values);
 }
 
 }  // namespace fakequant

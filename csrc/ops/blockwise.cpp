@@ -8,11 +8,12 @@ namespace fakequant {
 
 std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
     const at::Tensor& input, int64_t block_size, int64_t num_bits, bool is_unsigned,
-    bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax) {
+    bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax,
+    bool check_values) {
   const BlockwiseArgs args = check_blockwise_args(input, block_size, num_bits, is_unsigned,
                                                   narrow_range, exponent_bits, scale_amax);
   const DeviceScope scope(input);
-  if (args.two_level && run_value_checks(input)) check_scale_amax_value(*scale_amax);
+  if (args.two_level && run_value_checks(input, check_values)) check_scale_amax_value(*scale_amax);
 
   const bool keep = blockwise_keeps_layout(input);
   at::Tensor y = keep ? at::empty_like(input) : at::empty(input.sizes(), input.options());

@@ -26,10 +26,11 @@ class DeviceScope {
   c10::OptionalDeviceGuard guard_;
 };
 
-// Whether this call checks parameter values: always for CPU tensors; for
-// others when FAKEQUANT_CHECK_VALUES=1 and the current stream is not being
-// captured into a graph. Call it inside the op's DeviceScope.
-bool run_value_checks(const at::Tensor& input);
+// Whether this call checks parameter values: never for parameters fakequant
+// computed itself (check_values=False: a dynamic amax); else always for CPU
+// tensors; for others when FAKEQUANT_CHECK_VALUES=1 and the current stream is
+// not being captured into a graph. Call it inside the op's DeviceScope.
+bool run_value_checks(const at::Tensor& input, bool check_values = true);
 
 // A contiguous tensor of a dtype that ParamPtr reads: `t` itself when it is one
 // already, else a converted copy (float32 for other floating types such as
@@ -64,17 +65,19 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_min_max(const at::Tensor& input
                                                          int64_t num_bits);
 std::tuple<at::Tensor, at::Tensor> fake_quantize_amax(const at::Tensor& input,
                                                       const at::Tensor& amax, int64_t num_bits,
-                                                      bool is_unsigned, bool narrow_range);
+                                                      bool is_unsigned, bool narrow_range,
+                                                      bool check_values);
 std::tuple<at::Tensor, at::Tensor> quantize_amax(const at::Tensor& input, const at::Tensor& amax,
                                                  int64_t num_bits, bool is_unsigned,
-                                                 bool narrow_range);
+                                                 bool narrow_range, bool check_values);
 std::tuple<at::Tensor, at::Tensor> fake_quantize_fp8(const at::Tensor& input,
                                                      const at::Tensor& amax,
                                                      int64_t exponent_bits,
-                                                     int64_t mantissa_bits);
+                                                     int64_t mantissa_bits, bool check_values);
 std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
     const at::Tensor& input, int64_t block_size, int64_t num_bits, bool is_unsigned,
-    bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax);
+    bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax,
+    bool check_values);
 at::Tensor fake_quantize_lsq(const at::Tensor& input, const at::Tensor& scale,
                              const at::Tensor& zero_point, std::optional<int64_t> axis,
                              int64_t quant_min, int64_t quant_max, double grad_factor);

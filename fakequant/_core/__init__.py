@@ -19,6 +19,7 @@ from .constants import (
     float_format_max,
     min_max_levels,
 )
+from .errors import TypeAndAttributeError, TypeAndValueError, ValueAndRuntimeError
 from .switches import (
     ExportOptions,
     TranslationWarning,

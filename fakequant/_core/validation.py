@@ -4,6 +4,7 @@ import math
 import numbers
 
 from .constants import FLOAT_FORMAT_MAX, FP8_FORMATS, MAX_NUM_BITS, MIN_NUM_BITS
+from .errors import TypeAndValueError
 
 __all__ = ["is_int", "check_tensor", "check_int", "check_float", "check_bool", "check_num_bits",
            "check_integer_num_bits", "check_fp8_format", "normalize_axis", "resolve_axes"]
@@ -61,20 +62,29 @@ def check_integer_num_bits(num_bits, name: str = "num_bits") -> int:
     return _check_bits_range(num_bits, name, formats_too=False)
 
 
+def _pq_num_bits_text(num_bits) -> str:
+    # pytorch-quantization 2.2.1's words for a num_bits that is neither an int nor
+    # (4, 3) (a TypeError there), kept inside ours for scripts that match them.
+    return f"num_bits must be a postive integer or tuple (4,3), not {type(num_bits)}"
+
+
 def check_num_bits(num_bits, name: str = "num_bits"):
     """Validates a descriptor's ``num_bits``: an integer width (as
     :func:`check_integer_num_bits`) or an ``(E, M)`` tuple of a supported float
-    format; returns it normalised (lists become tuples)."""
+    format; returns it normalised (lists become tuples). A tuple of two ints that
+    is no supported format raises :class:`TypeAndValueError` (pytorch-quantization
+    raised TypeError); any other type TypeError."""
     if is_int(num_bits):
         return _check_bits_range(num_bits, name, formats_too=True)
     if isinstance(num_bits, (tuple, list)) and len(num_bits) == 2 and all(is_int(v) for v in num_bits):
         fmt = (int(num_bits[0]), int(num_bits[1]))
         if fmt not in FLOAT_FORMAT_MAX:
-            raise ValueError(f"{name}={fmt!r}: the supported (E, M) formats are {list(FLOAT_FORMAT_MAX)}")
+            raise TypeAndValueError(f"{name}={fmt!r}: the supported (E, M) formats are {list(FLOAT_FORMAT_MAX)} "
+                                    f"({_pq_num_bits_text(num_bits)})")
         return fmt
     raise TypeError(
         f"{name} must be an int or an (E, M) tuple of two ints, got {num_bits!r} "
-        f"({type(num_bits).__name__})"
+        f"({_pq_num_bits_text(num_bits)})"
     )
 
 

@@ -1,7 +1,7 @@
 """Max calibrator: the absolute maximum over everything collected."""
 import torch
 
-from .._core import check_bool
+from .._core import ValueAndRuntimeError, check_bool
 from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
 
@@ -39,6 +39,10 @@ class MaxCalibrator(_Calibrator):
             kept_axes: the axes of ``x`` that keep their own amax, for this tensor
                 (a block quantizer's view of its input has one per block); default:
                 the calibrator's ``axis``.
+
+        Raises:
+            ValueAndRuntimeError: (a ValueError and a RuntimeError, as pytorch-quantization
+                raised) if ``x`` gives another amax shape than the tensors collected before.
         """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MaxCalibrator.collect expects a tensor, got {type(x).__name__}")
@@ -62,8 +66,9 @@ class MaxCalibrator(_Calibrator):
                 self._calib_amax = local.clone()
             else:
                 if local.shape != self._calib_amax.shape:
-                    raise ValueError(
-                        f"MaxCalibrator: amax shape changed from {tuple(self._calib_amax.shape)} to "
+                    # (pytorch-quantization raised RuntimeError, "amax shape changed!")
+                    raise ValueAndRuntimeError(
+                        f"MaxCalibrator: amax shape changed! From {tuple(self._calib_amax.shape)} to "
                         f"{tuple(local.shape)} (a tensor of shape {tuple(x.shape)} with axis={self._axis})"
                     )
                 if local.device != self._calib_amax.device:

@@ -20,26 +20,32 @@ block calibrated or computed). Value rules: :data:`FAKE_INTEGER`
 import torch
 
 from .. import _core, ops
-from ..tensor_quant import scaled_e4m3, tensor_quant
+from ..tensor_quant import scale_in_input_dtype
 
 __all__ = ["AMAX", "LEARNED", "DYNAMIC_BLOCKS", "STATIC_BLOCKS", "FAKE_INTEGER", "TORCH_NATIVE", "FP8", "REAL",
            "choose_path", "choose_values"]
 
 
-# --- value rules: (quantizer, inputs, amax) -> outputs ------------------------------------
+# --- value rules: (quantizer, inputs, amax, check_values) -> outputs -------------------------
+#
+# check_values=False when the quantizer computed amax from this input (dynamic amax):
+# not user input, so the operators do not check it, and NaN or inf in the input give
+# NaN outputs on every device (fakequant.ops).
 
 
 class _FakeInteger:
     """``fake_quantize_amax`` with the quantizer's num_bits, unsigned and narrow_range."""
 
-    def __call__(self, q, inputs, amax):
-        return ops.fake_quantize_amax(inputs, amax, q._num_bits, q._unsigned, q._narrow_range)
+    def __call__(self, q, inputs, amax, check_values=True):
+        return ops.fake_quantize_amax(inputs, amax, q._num_bits, q._unsigned, q._narrow_range,
+                                      check_values=check_values)
 
 
 class _TorchNative:
-    """torch's native fake quantization on the full integer range (exports to ONNX QDQ)."""
+    """torch's native fake quantization on the full integer range (exports to ONNX QDQ;
+    torch's own checks of the scale apply whatever ``check_values`` says)."""
 
-    def __call__(self, q, inputs, amax):
+    def __call__(self, q, inputs, amax, check_values=True):
         qmin, bound = _core.amax_range(q._num_bits, q._unsigned, narrow_range=False)
         if amax.numel() == 1:
             scale = max(float(amax), _core.AMAX_EPSILON) / bound
@@ -54,17 +60,20 @@ class _TorchNative:
 
 
 class _FP8:
-    """``scaled_e4m3`` with the quantizer's (E, M) format."""
+    """``scaled_e4m3`` (``fake_quantize_fp8``) with the quantizer's (E, M) format."""
 
-    def __call__(self, q, inputs, amax):
-        return scaled_e4m3(inputs, amax, *q._num_bits)
+    def __call__(self, q, inputs, amax, check_values=True):
+        return ops.fake_quantize_fp8(inputs, amax, *q._num_bits, check_values=check_values)
 
 
 class _Real:
-    """``tensor_quant``: the integers; their scale becomes the quantizer's ``scale``."""
+    """``tensor_quant`` (``quantize_amax``): the integers; their scale, in the input's
+    dtype, becomes the quantizer's ``scale``."""
 
-    def __call__(self, q, inputs, amax):
-        outputs, q._scale = tensor_quant(inputs, amax, q._num_bits, q._unsigned, q._narrow_range)
+    def __call__(self, q, inputs, amax, check_values=True):
+        outputs, scale = ops.quantize_amax(inputs, amax, q._num_bits, q._unsigned, q._narrow_range,
+                                           check_values=check_values)
+        q._scale = scale_in_input_dtype(scale, inputs, amax)
         return outputs
 
 
@@ -86,7 +95,7 @@ class _Amax:
     """One amax per tensor or per channel (``axis``): the ``_amax`` buffer, or each input's."""
 
     def __call__(self, q, inputs):
-        return q._quantize(inputs, q._get_amax(inputs))
+        return q._quantize(inputs, q._get_amax(inputs), check_values=not q._computes_amax())
 
 
 class _Learned:
@@ -119,16 +128,16 @@ class _DynamicBlocks:
             num_bits, exponent_bits = 1 + e + m, e
         else:
             num_bits, exponent_bits = q._num_bits, 0
-        scale_amax = None
+        scale_amax, computed = None, False
         if q._scale_bits is not None:
             # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
             amax = q._buffers.get("_amax")
             if amax is not None and amax.numel() == 1:
                 scale_amax = amax.detach().reshape(()).to(inputs.device)
             else:
-                scale_amax = q._tensor_amax(inputs)
+                scale_amax, computed = q._tensor_amax(inputs), True
         return ops.fake_quantize_blockwise(inputs, block_size, num_bits, q._unsigned, q._narrow_range,
-                                           exponent_bits, scale_amax, axis=axis)
+                                           exponent_bits, scale_amax, axis=axis, check_values=not computed)
 
 
 class _StaticBlocks:
@@ -140,7 +149,7 @@ class _StaticBlocks:
         amax = q._block_amax(blocked, inner)
         if q._scale_amax is not None:
             amax = amax * q._scale_amax
-        return q._quantize(blocked, amax).reshape(inputs.shape)
+        return q._quantize(blocked, amax, check_values=not q._computes_amax()).reshape(inputs.shape)
 
 
 AMAX, LEARNED, DYNAMIC_BLOCKS, STATIC_BLOCKS = _Amax(), _Learned(), _DynamicBlocks(), _StaticBlocks()

@@ -4,7 +4,9 @@ Each class subclasses its ``torch.nn`` counterpart (same constructor, same
 ``weight``/``bias``, so pretrained weights load and ``isinstance(m, nn.Conv2d)``
 holds) and adds ``_input_quantizer`` / ``_weight_quantizer``. Descriptors come
 from the keyword arguments ``quant_desc_input`` / ``quant_desc_weight`` or the
-class defaults (per-tensor input, per-output-channel weight).
+class defaults (per-tensor input, per-output-channel weight: axis 0 of a
+convolution's weight ``(out, in / groups, *kernel)``, axis 1 of a transposed
+convolution's ``(in, out / groups, *kernel)``).
 """
 from torch import nn
 from torch.nn import functional as F

@@ -118,7 +118,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._if_calib = False
 
         if quant_desc.amax is not None:
-            self.register_buffer("_amax", quant_desc.amax.to(torch.float32))
+            self.register_buffer("_amax", torch.from_numpy(quant_desc.amax))  # (float32, a copy)
 
         if self._learn_amax:
             init_amax = float(quant_desc.amax.reshape(())) if quant_desc.amax is not None else 1.0
@@ -349,10 +349,16 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     def _kept_axes(self, ndim):
         return _core.resolve_axes(self._axis, ndim, "quantizer axis")
 
+    def _computes_amax(self):
+        """Whether amax is computed from each input (no ``_amax`` yet, or ``dynamic``). Such
+        an amax is not user input: the operators do not check it, and NaN or inf in the
+        input give NaN outputs, the same on every device."""
+        return self._dynamic or self._buffers.get("_amax") is None
+
     def _get_amax(self, inputs):
         """amax from the buffer, or computed from ``inputs`` when dynamic."""
         amax = self._buffers.get("_amax")
-        if amax is None or self._dynamic:
+        if self._computes_amax():
             if self._axis is None:
                 amax = self._tensor_amax(inputs)
             else:
@@ -411,7 +417,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
 
     def _block_amax(self, blocked, inner):
         amax = self._buffers.get("_amax")
-        if amax is None or self._dynamic:
+        if self._computes_amax():
             return reduce_amax(blocked, axis=tuple(inner), keepdims=True).detach().reshape(
                 [1 if d in inner else n for d, n in enumerate(blocked.shape)])
         amax = amax.to(blocked.device) if amax.device != blocked.device else amax
@@ -431,14 +437,15 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._values = _schemes.choose_values(self._num_bits, self._fake_quant)
         self._path = _schemes.choose_path(self)
 
-    def _quantize(self, inputs, amax):
+    def _quantize(self, inputs, amax, check_values=True):
         """``inputs`` quantized with ``amax`` by the value rule (torch's own operators
-        with ``TensorQuantizer.use_fb_fake_quant``, except while exporting)."""
+        with ``TensorQuantizer.use_fb_fake_quant``, except while exporting);
+        ``check_values=False`` for an amax computed from ``inputs``."""
         values = self._values
         if (values is _schemes.FAKE_INTEGER and TensorQuantizer._use_fb_fake_quant
                 and not (self._export_mode() or torch.onnx.is_in_onnx_export())):
             values = _schemes.TORCH_NATIVE
-        return values(self, inputs, amax)
+        return values(self, inputs, amax, check_values)
 
     def _quant_forward(self, inputs):
         return self._path(self, inputs)

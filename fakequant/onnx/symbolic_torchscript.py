@@ -99,14 +99,14 @@ def _unused_mask(g):
     return g.op("Constant", value_t=torch.zeros(0, dtype=torch.uint8))
 
 
-def fake_quantize_amax(g, input, amax, num_bits, unsigned, narrow_range):
+def fake_quantize_amax(g, input, amax, num_bits, unsigned, narrow_range, check_values=None):
     b = _builder(g, "fake_quantize_amax")
     y = _lowering.lower_amax(b, input, amax, _const_arg(num_bits, "i", "num_bits"),
                              _const_arg(unsigned, "b", "unsigned"), _const_arg(narrow_range, "b", "narrow_range"))
     return y, _unused_mask(g)
 
 
-def quantize_amax(g, input, amax, num_bits, unsigned, narrow_range):
+def quantize_amax(g, input, amax, num_bits, unsigned, narrow_range, check_values=None):
     b = _builder(g, "quantize_amax")
     y = _lowering.lower_amax(b, input, amax, _const_arg(num_bits, "i", "num_bits"),
                              _const_arg(unsigned, "b", "unsigned"), _const_arg(narrow_range, "b", "narrow_range"),
@@ -127,14 +127,15 @@ def fake_quantize_min_max(g, input, min_range, max_range, num_bits):
     return y, _unused_mask(g)
 
 
-def fake_quantize_fp8(g, input, amax, exponent_bits, mantissa_bits):
+def fake_quantize_fp8(g, input, amax, exponent_bits, mantissa_bits, check_values=None):
     b = _builder(g, "fake_quantize_fp8")
     y = _lowering.lower_fp8(b, input, amax, _const_arg(exponent_bits, "i", "exponent_bits"),
                             _const_arg(mantissa_bits, "i", "mantissa_bits"))
     return y, _unused_mask(g)
 
 
-def fake_quantize_blockwise(g, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax):
+def fake_quantize_blockwise(g, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
+                            check_values=None):
     from torch.onnx import symbolic_helper
 
     b = _builder(g, "fake_quantize_blockwise")

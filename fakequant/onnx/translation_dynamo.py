@@ -78,13 +78,13 @@ class _DynamoBuilder(_lowering.Builder):
         return self.const(torch.zeros(0, dtype=torch.uint8))
 
 
-def fake_quantize_amax(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+def fake_quantize_amax(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=True):
     b = _DynamoBuilder()
     y = _lowering.lower_amax(b, input, amax, num_bits, unsigned, narrow_range)
     return y, b.unused_mask()
 
 
-def quantize_amax(input, amax, num_bits=8, unsigned=False, narrow_range=True):
+def quantize_amax(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=True):
     b = _DynamoBuilder()
     y = _lowering.lower_amax(b, input, amax, num_bits, unsigned, narrow_range, integer_output=True)
     return y, b.unused_mask()
@@ -102,14 +102,14 @@ def fake_quantize_min_max(input, min_range, max_range, num_bits=8):
     return y, b.unused_mask()
 
 
-def fake_quantize_fp8(input, amax, exponent_bits=4, mantissa_bits=3):
+def fake_quantize_fp8(input, amax, exponent_bits=4, mantissa_bits=3, check_values=True):
     b = _DynamoBuilder()
     y = _lowering.lower_fp8(b, input, amax, exponent_bits, mantissa_bits)
     return y, b.unused_mask()
 
 
 def fake_quantize_blockwise(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0,
-                            scale_amax=None):
+                            scale_amax=None, check_values=True):
     b = _DynamoBuilder()
     y = _lowering.lower_blockwise(b, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax)
     return y, b.unused_mask()

@@ -4,6 +4,8 @@ import warnings
 
 import torch
 
+from .._core import TypeAndAttributeError, TypeAndValueError
+
 __all__ = ["match_parameters", "group_parameters", "freeze_parameters", "quant_weight_inplace"]
 
 
@@ -13,9 +15,29 @@ def _check_patterns(patterns, name="patterns"):
     return [re.compile(p) for p in patterns]
 
 
+def _check_model(model):
+    # pytorch-quantization failed on model.named_parameters() (AttributeError), when the
+    # optimizer read the group; here at the call, naming the argument, as both types.
+    if not callable(getattr(model, "named_parameters", None)):
+        raise TypeAndAttributeError(
+            f"model must be a torch.nn.Module (with named_parameters()), got {type(model).__name__} "
+            f"({type(model).__name__!r} object has no attribute 'named_parameters')")
+    return model
+
+
 def match_parameters(model, patterns):
-    """Yields the parameters of ``model`` whose name matches (``re.search``) any of ``patterns``."""
+    """Yields the parameters of ``model`` whose name matches (``re.search``) any of ``patterns``.
+
+    Raises:
+        TypeAndAttributeError: (a TypeError and an AttributeError) if ``model`` is not a
+            module (None, say), on the call.
+    """
+    _check_model(model)
     compiled = _check_patterns(patterns)
+    return _matching(model, compiled)
+
+
+def _matching(model, compiled):
     for name, param in model.named_parameters():
         if any(p.search(name) for p in compiled):
             yield param
@@ -32,7 +54,14 @@ def group_parameters(model, patterns_list, lrs=None, momentums=None, weight_deca
 
     Returns:
         A list of dicts for ``torch.optim`` (``[{"params": ..., "lr": ...}, ...]``).
+
+    Raises:
+        TypeAndAttributeError: if ``model`` is not a module (pytorch-quantization:
+            AttributeError, once the optimizer read the group).
+        TypeAndValueError: if ``lrs``, ``momentums`` or ``weight_decays`` has another
+            length than ``patterns_list`` (pytorch-quantization: TypeError).
     """
+    _check_model(model)
     groups = []
     for patterns in patterns_list:
         if not isinstance(patterns, list):
@@ -42,7 +71,8 @@ def group_parameters(model, patterns_list, lrs=None, momentums=None, weight_deca
         if values is None:
             continue
         if len(values) != len(patterns_list):
-            raise ValueError(f"{key}s has {len(values)} values for {len(patterns_list)} groups")
+            raise TypeAndValueError(f"{key}s has {len(values)} values for {len(patterns_list)} groups "
+                                    f"(len({key}s) must match len(patterns_list))")
         for group, value in zip(groups, values):
             group[key] = value
     return groups
