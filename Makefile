@@ -73,12 +73,24 @@ $(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
 
 cuda-build: $(CUDA_BUILD)/.built
 
-# `make cuda-emulate`: the SIMT emulator (csrc/cuda/simt_emulator.h) that runs CUDA
-# device code on the CPU, checked by its self-test built plain, with ASan/UBSan and
-# with ThreadSanitizer (which must report the planted race and nothing else).
-.PHONY: cuda-emulate
+# `make cuda-emulate`: the CUDA kernels executed on the CPU by our SIMT emulator
+# (csrc/cuda/simt_emulator.h). First the emulator's self-test (built plain, with
+# ASan/UBSan and with ThreadSanitizer, which must report a planted race), then
+# the device code of csrc/cuda compiled by the host compiler into a library of
+# its own (tools/emulate.py, under build/emulate) with AddressSanitizer + UBSan
+# and with ThreadSanitizer, each run through tests/test_cuda_emulated.py, which
+# compares every kernel bit for bit with the CPU kernels.
+.PHONY: cuda-emulate cuda-emulate-planted
 cuda-emulate: build
 	FAKEQUANT_EMULATOR_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_simt_emulator.py
+	MAX_JOBS=$(MAX_JOBS) $(PY) tools/emulate.py test asan
+	MAX_JOBS=$(MAX_JOBS) $(PY) tools/emulate.py test tsan
+
+# Evidence that those tests can fail: known mistakes (an off-by-one in a tail
+# loop, a shuffle offset, a missing __syncthreads, a mask word written twice, ...)
+# planted one at a time in copies of the device code; each must be caught.
+cuda-emulate-planted: build
+	MAX_JOBS=$(MAX_JOBS) $(PY) tools/emulate.py planted
 
 # --- hardening: `make fuzz`, `make sanitize`, `make check` -------------------------------
 .PHONY: fuzz sanitize check slow two-envs

@@ -12,10 +12,12 @@ FAKEQUANT_SIMT_EMULATOR), registered under the namespace `fakequant_emulated`
 for CPU tensors: torch.ops.fakequant_emulated.fake_quantize_affine runs the CUDA
 kernel, torch.ops.fakequant.fake_quantize_affine the CPU one.
 
-Variants: plain, asan (AddressSanitizer and UndefinedBehaviorSanitizer; out-of-
-bounds accesses and undefined behaviour in a kernel stop the run) and tsan
-(ThreadSanitizer: two emulated threads writing one global or shared address
-without a barrier between them stop the run). Only the device code is
+Variants: plain (with UBSan's alignment check: a misaligned vector access stops
+the run), asan (AddressSanitizer and UndefinedBehaviorSanitizer; out-of-bounds
+accesses and undefined behaviour in a kernel stop the run) and tsan
+(ThreadSanitizer: two emulated threads, of one block or two, accessing one
+global or shared address, one of them writing, without a barrier, warp-level
+call or atomic between them, stop the run). Only the device code is
 instrumented; the host functions are built once, plain, and shared. The
 sanitizer runtime is preloaded into the test process, as tools/sanitize.sh does.
 
@@ -36,7 +38,9 @@ CXX = os.environ.get("CXX", "g++")
 NAMESPACE = "fakequant_emulated"
 
 SANITIZERS = {
-    "plain": [],
+    # (UBSan's alignment check only: a vector access at an address that is not a
+    # multiple of its size, which x86 would forgive and a GPU would not)
+    "plain": ["-fsanitize=alignment", "-fno-sanitize-recover=alignment"],
     "asan": ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all",
              "-fno-omit-frame-pointer"],
     "tsan": ["-fsanitize=thread"],
@@ -50,33 +54,39 @@ SANITIZER_ENV = {
 }
 
 # The mistakes `planted` puts into a copy of the device code, one at a time: the
-# file, the exact text replaced (it must occur once), the replacement, and the
-# tests (a pytest -k expression) expected to catch it.
+# file, the exact text replaced (it must occur once), the replacement, the tests
+# (a pytest -k expression) expected to catch it, and the variant they run on
+# (a wrong value is caught plain; a second store of the same value, only by
+# ThreadSanitizer).
 PLANTED = [
     ("off-by-one in a tail loop", "kernels.cuh",
      "for (int64_t e = n_vec + tid; e < n; e += stride) {",
      "for (int64_t e = n_vec + tid; e <= n; e += stride) {",
-     "mask_backward"),
+     "mask_backward", "plain"),
     ("wrong shuffle offset", "kernels.cuh",
      "bits |= __shfl_down_sync(kFullWarp, bits, s) << (V * s);",
      "bits |= __shfl_down_sync(kFullWarp, bits, s + 1) << (V * s);",
-     "quantize"),
+     "quantize_sizes", "plain"),
     ("missing __syncthreads", "lsq_backward.cu",
      "    shared_s[t] = acc_s;\n    shared_z[t] = acc_z;\n    __syncthreads();",
      "    shared_s[t] = acc_s;\n    shared_z[t] = acc_z;",
-     "lsq"),
+     "lsq_backward_per_channel", "plain"),
     ("a mask word written twice", "blockwise.cu",
      "if (lane == 0 && offset < len) store_mask_word(",
      "if (lane < 2 && offset < len) store_mask_word(",
-     "blockwise"),
+     "blockwise_block_sizes", "tsan"),
     ("mask bit in the wrong place", "blockwise.cu",
      "atomicOr(words + pos / 32, bits << shift);",
      "atomicOr(words + pos / 32, bits << (shift ^ 1));",
-     "blockwise"),
+     "blockwise_block_sizes", "plain"),
+    ("vector access on an unaligned input", "quantize.cu",
+     "const bool vectorised = aligned16(xp) && aligned16(yp) &&",
+     "const bool vectorised = aligned16(yp) &&",
+     "quantize_sizes", "plain"),
     ("grid-stride step of one block", "kernels.cuh",
      "const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;\n\n  const int64_t vec_tiles",
      "const int64_t nwarps = static_cast<int64_t>(blockDim.x) / kWarpSize;\n\n  const int64_t vec_tiles",
-     "quantize"),
+     "quantize_sizes", "plain"),
 ]
 
 
@@ -113,14 +123,17 @@ def ninja_rules(cflags, ldflags, csrc):
         f"ldflags = {_q(ldflags)}",
         "rule host",
         "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out",
+        "  description = compiling $in",
         "  depfile = $out.d",
         "  deps = gcc",
         "rule device",
         "  command = $cxx -MMD -MF $out.d $cflags -x c++ -DFAKEQUANT_SIMT_EMULATOR $sanitize -c $in -o $out",
+        "  description = compiling $in for the emulator $sanitize",
         "  depfile = $out.d",
         "  deps = gcc",
         "rule link",
         "  command = $cxx -shared $in -o $out $ldflags $sanitize",
+        "  description = linking $out",
     ]
 
 
@@ -175,14 +188,24 @@ def build(variant, jobs=None):
     return libs[variant]
 
 
-def build_planted(csrc, out, jobs=None):
-    """The plain library with the device code of `csrc` (a copy with a planted
-    mistake) and the host functions of the real build (built first)."""
-    build("plain", jobs)
+def build_planted(csrc, changed, variant, out, jobs=None):
+    """The `variant` library with the device code of `csrc` (a copy with a
+    planted mistake in file `changed`): the translation units it reaches are
+    compiled from the copy, the others and the host functions are the real
+    build's (built first)."""
+    real = os.path.join(ROOT, "csrc")
+    build(variant, jobs)
     cflags, ldflags = torch_flags()
-    host, device = sources(os.path.join(ROOT, "csrc"))
+    host, device = sources(real)
+    copies = sources(csrc)[1]
+    if changed.endswith(".cu"):
+        compiled = [src for src in copies if os.path.basename(src) == changed]
+    else:  # a header: every device translation unit
+        compiled = copies
+    kept = [os.path.join(OUT, variant, "device", os.path.relpath(src, real) + ".o") for src in device
+            if os.path.basename(src) not in {os.path.basename(c) for c in compiled}]
     lines = ninja_rules(cflags, ldflags, csrc)
-    more, lib = device_lines(sources(csrc)[1], csrc, out, "plain", host_objects(host, os.path.join(ROOT, "csrc")))
+    more, lib = device_lines(compiled, csrc, out, variant, host_objects(host, real) + kept)
     run_ninja(os.path.join(out, "build.ninja"), lines + more, lib, jobs)
     return lib
 
@@ -206,11 +229,11 @@ def run_tests(variant, lib, pytest_args=()):
 
 
 def planted(jobs=None):
-    """Each mistake of PLANTED in its own copy of csrc, built plain and tested:
-    the tests must fail. Returns the number of mistakes not caught."""
+    """Each mistake of PLANTED in its own copy of csrc, built and tested: the
+    tests must fail. Returns the number of mistakes not caught."""
     base = os.path.join(OUT, "planted")
     missed = []
-    for name, filename, old, new, tests in PLANTED:
+    for name, filename, old, new, tests, variant in PLANTED:
         slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
         copy = os.path.join(base, slug, "csrc")
         if os.path.exists(copy):
@@ -223,14 +246,22 @@ def planted(jobs=None):
                              f"csrc/cuda/{filename}, not once; update PLANTED")
         with open(path, "w") as f:
             f.write(text.replace(old, new))
-        print(f"planted: {name} (csrc/cuda/{filename}); expecting failures in -k {tests}", flush=True)
-        lib = build_planted(copy, os.path.join(base, slug, "build"), jobs)
+        print(f"planted: {name} (csrc/cuda/{filename}); expecting failures in -k {tests} ({variant})", flush=True)
+        lib = build_planted(copy, filename, variant, os.path.join(base, slug, "build"), jobs)
         run = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--rootdir", ROOT,
              os.path.join(ROOT, "tests", "test_cuda_emulated.py"), "-k", tests],
-            env=test_env("plain", lib), cwd=ROOT, capture_output=True, text=True)
-        tail = (run.stdout + run.stderr).strip().splitlines()[-3:]
-        caught = run.returncode == 1 and any("failed" in line for line in tail)
+            env=test_env(variant, lib), cwd=ROOT, capture_output=True, text=True)
+        output = run.stdout + run.stderr
+        tail = output.strip().splitlines()[-3:]
+        # a test failed (a wrong output, or an emulator error such as divergence), or
+        # a sanitizer stopped the run (a race, a misaligned or out-of-bounds access)
+        reports = ("ThreadSanitizer: data race", "runtime error:", "AddressSanitizer:")
+        caught = run.returncode != 0 and (
+            (run.returncode == 1 and any(" failed" in line for line in tail))
+            or any(r in output for r in reports))
+        if any(r in output for r in reports):
+            tail = [next(line for line in output.splitlines() if any(r in line for r in reports))]
         print(f"  {'caught' if caught else 'NOT CAUGHT'}: {' | '.join(tail)}", flush=True)
         if not caught:
             missed.append(name)

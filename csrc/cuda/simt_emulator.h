@@ -7,8 +7,18 @@
 //
 // What it models
 // - gridDim, blockDim, blockIdx, threadIdx (x, y, z). Every thread of a block
-//   is an OS thread and all of them run concurrently; the blocks of a grid run
-//   one after another on the same threads.
+//   is a fiber (ucontext, its own stack) of the launching OS thread, and all of
+//   them are alive at once: a fiber runs until it waits (at __syncthreads or in
+//   a warp-level call) or returns, then the next one that can run does, in
+//   thread order, so runs are deterministic. The blocks of a grid run one after
+//   another. Fibers switch in about a microsecond, where OS threads took
+//   hundreds at every warp-level call.
+// - ThreadSanitizer (when the file is built with it) sees every thread of a
+//   block as a thread of its own, with the happens-before edges of the CUDA
+//   model only: a barrier, a warp-level call among its lanes, an atomic. So two
+//   threads of a block, or of two blocks, writing one global or shared address
+//   (or one writing, one reading) without those in between are reported, as a
+//   GPU would race. AddressSanitizer is told which stack is in use.
 // - __syncthreads() as a barrier of the block's threads (a thread that has
 //   returned from the kernel counts as arrived, as on sm_70 and later);
 //   __shared__ memory, one copy per kernel instantiation, which is per block
@@ -20,7 +30,8 @@
 //   completes when every lane named in its mask has reached the same call.
 //   A lane named in the mask that has returned from the kernel, waits at
 //   __syncthreads, or reaches a warp-level call with another mask, is reported
-//   as divergence: the launch fails with a message, it does not hang. Reading
+//   as divergence: the launch fails with a message, it does not hang; so is a
+//   block in which no thread can run any more. Reading
 //   a lane outside the mask, or a calling lane missing from its own mask, is
 //   reported too. Two groups of lanes of one warp in calls with disjoint masks
 //   at the same time (legal on sm_70 and later) are reported as divergence as
@@ -42,34 +53,36 @@
 // - half and bfloat16 through c10::Half and c10::BFloat16, which the kernels
 //   use on both targets.
 //
-// What it does not model: the memory consistency model (host atomics and
-// mutexes are stronger than the GPU's; a missing __threadfence is invisible),
-// timing, occupancy, shared-memory bank conflicts, the limits of shared memory
-// and registers, warp scheduling (lanes of a warp run independently between
-// warp-level calls, as with independent thread scheduling), concurrent blocks
-// (a race between blocks through global memory is not seen: blocks run one
-// after another), streams (everything is synchronous), and dynamic parallelism.
-// __activemask() returns the lanes of the warp that have not returned.
+// What it does not model: the memory consistency model (host atomics are
+// stronger than the GPU's; a missing __threadfence is invisible), timing,
+// occupancy, shared-memory bank conflicts, the limits of shared memory and
+// registers, warp scheduling (lanes of a warp run one after another between
+// warp-level calls; a result that depends on their interleaving shows up only
+// through ThreadSanitizer), blocks running at the same time (they run one after
+// another; ThreadSanitizer still reports their conflicting accesses), a thread
+// that spins waiting for another without a barrier or warp-level call (it
+// never yields: the launch hangs), streams (everything is synchronous), and
+// dynamic parallelism. __activemask() returns the lanes of the warp that have
+// not returned.
 #if defined(__CUDACC__)
 #error "simt_emulator.h is for the host compiler only"
 #endif
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <sys/mman.h>
+#include <ucontext.h>
 
 // --- qualifiers -------------------------------------------------------------------
 
@@ -157,58 +170,154 @@ inline void check_aligned(const void* p, size_t size, const char* what = "vector
   }
 }
 
-// --- one block's threads ------------------------------------------------------------
+// --- one block's threads, as fibers ------------------------------------------------
 
-enum class State : uint8_t { kRunning, kAtBarrier, kAtWarpCall, kExited };
+// Sanitizer support: fiber switches are announced to AddressSanitizer (the
+// stack in use) and to ThreadSanitizer (each thread of a block is a fiber of
+// its own, switched without synchronisation; the happens-before edges of the
+// CUDA model, barriers and warp-level calls, are announced explicitly, and the
+// emulator's own bookkeeping is hidden from it).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FQ_SIMT_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define FQ_SIMT_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define FQ_SIMT_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define FQ_SIMT_TSAN 1
+#endif
+#if defined(FQ_SIMT_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(FQ_SIMT_TSAN)
+#include <sanitizer/tsan_interface.h>
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+#endif
+
+enum class State : uint8_t { kRunnable, kAtBarrier, kAtWarpCall, kExited };
+
+// Hides the emulator's own reads and writes from ThreadSanitizer.
+struct Quiet {
+  Quiet() {
+#if defined(FQ_SIMT_TSAN)
+    __tsan_ignore_thread_begin();
+#endif
+  }
+  ~Quiet() {
+#if defined(FQ_SIMT_TSAN)
+    __tsan_ignore_thread_end();
+#endif
+  }
+  Quiet(const Quiet&) = delete;
+  Quiet& operator=(const Quiet&) = delete;
+};
+
+inline void release(void* sync) {
+#if defined(FQ_SIMT_TSAN)
+  __tsan_release(sync);
+#else
+  (void)sync;
+#endif
+}
+inline void acquire(void* sync) {
+#if defined(FQ_SIMT_TSAN)
+  __tsan_acquire(sync);
+#else
+  (void)sync;
+#endif
+}
 
 struct Warp {
-  std::condition_variable cv;
   uint64_t generation = 0;  // completed warp-level calls
   unsigned arrived = 0;     // lanes waiting in the current call
   unsigned call_mask = 0;   // the mask of the current call
   uint64_t value[32] = {};  // what each lane put in
-  uint64_t result[32] = {};  // the snapshot of `value` of the last completed call
-  unsigned result_mask = 0;
+  char sync[2] = {};        // happens-before of even and odd calls (ThreadSanitizer)
 };
 
-// The shared state of one launch: the block being run, its barrier and warps.
+// One thread's fiber: its stack (mmap-ed, above a guard page), context, and
+// ThreadSanitizer fiber. Kept from launch to launch by the OS thread that launches.
+struct Fiber {
+  static constexpr size_t kStack =
+#if defined(FQ_SIMT_ASAN) || defined(FQ_SIMT_TSAN)
+      size_t{1} << 20;
+#else
+      size_t{256} << 10;
+#endif
+  static constexpr size_t kGuard = 4096;
+  char* mapping = nullptr;
+  ucontext_t context;
+  void* tsan = nullptr;
+  State state = State::kRunnable;
+  uint64_t snapshot[32] = {};  // the warp's values at this thread's last completed warp call
+
+  char* stack() const { return mapping + kGuard; }
+  void allocate() {
+    void* p = mmap(nullptr, kStack + kGuard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw Error("simt emulator: cannot map a fiber stack");
+    mapping = static_cast<char*>(p);
+    mprotect(mapping, kGuard, PROT_NONE);  // a stack overflow faults instead of corrupting memory
+#if defined(FQ_SIMT_TSAN)
+    tsan = __tsan_create_fiber(0);
+#endif
+  }
+  void release_resources() {
+    if (mapping != nullptr) munmap(mapping, kStack + kGuard);
+    mapping = nullptr;
+#if defined(FQ_SIMT_TSAN)
+    if (tsan != nullptr) __tsan_destroy_fiber(tsan);
+#endif
+    tsan = nullptr;
+  }
+  Fiber() = default;
+  Fiber(const Fiber&) = delete;
+  Fiber& operator=(const Fiber&) = delete;
+  ~Fiber() { release_resources(); }
+};
+
+// The state of one launch: the block being run, its barrier and warps.
 struct Launch {
   dim3 grid, block;
   unsigned threads = 0;
-  std::mutex mu;
-  std::condition_variable barrier_cv;
-  uint64_t barrier_generation = 0;
+  const std::function<void()>* body = nullptr;
+  std::vector<std::unique_ptr<Fiber>>* fibers = nullptr;
+  std::vector<Warp> warps;
   unsigned at_barrier = 0, exited = 0;
-  std::vector<State> state;
-  std::vector<std::unique_ptr<Warp>> warps;
-  // The end of a block: every thread has returned, then the state is reset.
-  std::condition_variable done_cv;
-  uint64_t done_generation = 0;
-  unsigned done_count = 0;
+  uint64_t barrier_generation = 0;
   bool aborted = false;
   std::string error;
-  std::chrono::seconds hang_limit{60};
+  ucontext_t scheduler;
+  void* scheduler_tsan = nullptr;
+  const void* scheduler_stack = nullptr;  // (AddressSanitizer)
+  size_t scheduler_stack_size = 0;
+  char start_sync = 0, done_sync = 0, barrier_sync[2] = {};
+
+  Fiber& fiber(unsigned tid) { return *(*fibers)[tid]; }
 };
 
 inline thread_local Launch* current = nullptr;
 inline thread_local unsigned linear_tid = 0;
 
-inline void abort_locked(Launch& L, const std::string& what) {
+inline void abort_launch(Launch& L, const std::string& what) {
   if (!L.aborted) {
     L.aborted = true;
     L.error = what;
   }
-  L.barrier_cv.notify_all();
-  L.done_cv.notify_all();
-  for (auto& w : L.warps) w->cv.notify_all();
 }
 
 [[noreturn]] inline void fail(const std::string& what) {
   Launch* L = current;
   if (L == nullptr) throw Error(what);
   {
-    std::lock_guard<std::mutex> lock(L->mu);
-    abort_locked(*L, what);
+    Quiet q;
+    abort_launch(*L, what);
   }
   throw Aborted{};
 }
@@ -220,39 +329,70 @@ inline std::string where(unsigned tid) {
   return s.str();
 }
 
-// Waits on cv until done() or the launch aborts; a wait past the hang limit is
-// reported as a hang.
-template <typename Done>
-void wait_for(Launch& L, std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Done done,
-              const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + L.hang_limit;
-  while (!done()) {
-    if (L.aborted) throw Aborted{};
-    if (cv.wait_until(lock, deadline) == std::cv_status::timeout && !done() && !L.aborted) {
-      abort_locked(L, std::string("hang: ") + where(linear_tid) + " waited " +
-                          std::to_string(L.hang_limit.count()) + " s in " + what);
-      throw Aborted{};
-    }
-  }
+// The fiber of thread `tid` runs until it waits or returns.
+inline void switch_to(Launch& L, unsigned tid) {
+  Fiber& f = L.fiber(tid);
+#if defined(FQ_SIMT_TSAN)
+  __tsan_switch_to_fiber(f.tsan, __tsan_switch_to_fiber_no_sync);
+#endif
+#if defined(FQ_SIMT_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack(), Fiber::kStack);
+#endif
+  swapcontext(&L.scheduler, &f.context);
+#if defined(FQ_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
 }
 
-// Divergence: a lane that the current warp call of `w` waits for can never come.
+// The running fiber hands back to the scheduler (for good when `finished`).
+// What it needs of the launch is read quietly first: a finished fiber is not
+// resumed, so it must not switch inside a Quiet scope.
+inline void yield(Launch& L, bool finished = false) {
+  Fiber* f;
+  ucontext_t* scheduler;
+  [[maybe_unused]] void* scheduler_tsan;
+  [[maybe_unused]] const void* stack;
+  [[maybe_unused]] size_t stack_size;
+  {
+    Quiet q;
+    f = &L.fiber(linear_tid);
+    scheduler = &L.scheduler;
+    scheduler_tsan = L.scheduler_tsan;
+    stack = L.scheduler_stack;
+    stack_size = L.scheduler_stack_size;
+  }
+#if defined(FQ_SIMT_TSAN)
+  __tsan_switch_to_fiber(scheduler_tsan, __tsan_switch_to_fiber_no_sync);
+#endif
+#if defined(FQ_SIMT_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(finished ? nullptr : &fake, stack, stack_size);
+#endif
+  swapcontext(&f->context, scheduler);
+#if defined(FQ_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+  (void)finished;
+}
+
+// Divergence: a lane that the current warp call of `warp` waits for can never come.
 inline void check_warp_divergence(Launch& L, unsigned warp) {
-  Warp& w = *L.warps[warp];
+  Warp& w = L.warps[warp];
   if (w.arrived == 0) return;
   for (unsigned lane = 0; lane < 32; ++lane) {
     if (!(w.call_mask >> lane & 1u) || (w.arrived >> lane & 1u)) continue;
     const unsigned tid = warp * 32 + lane;
     if (tid >= L.threads) {
-      abort_locked(L, "divergence: a warp-level call names lane " + std::to_string(lane) +
+      abort_launch(L, "divergence: a warp-level call names lane " + std::to_string(lane) +
                           ", which does not exist in a block of " + std::to_string(L.threads) +
                           " threads (" + where(warp * 32 + __builtin_ctz(w.arrived)) + ")");
       return;
     }
-    if (L.state[tid] == State::kExited || L.state[tid] == State::kAtBarrier) {
-      abort_locked(L, std::string("divergence: a warp-level call waits for ") + where(tid) +
-                          (L.state[tid] == State::kExited ? ", which has returned"
-                                                          : ", which waits at __syncthreads"));
+    const State s = L.fiber(tid).state;
+    if (s == State::kExited || s == State::kAtBarrier) {
+      abort_launch(L, std::string("divergence: a warp-level call waits for ") + where(tid) +
+                          (s == State::kExited ? ", which has returned" : ", which waits at __syncthreads"));
       return;
     }
   }
@@ -260,71 +400,79 @@ inline void check_warp_divergence(Launch& L, unsigned warp) {
 
 // The thread changes state (to the barrier, or out of the kernel): a warp call
 // waiting for it can no longer complete.
-inline void set_state_locked(Launch& L, State s) {
-  L.state[linear_tid] = s;
+inline void set_state(Launch& L, State s) {
+  L.fiber(linear_tid).state = s;
   if (s == State::kExited || s == State::kAtBarrier) check_warp_divergence(L, linear_tid / 32);
+}
+
+inline void complete_barrier(Launch& L) {
+  L.at_barrier = 0;
+  ++L.barrier_generation;
+  for (unsigned t = 0; t < L.threads; ++t) {
+    if (L.fiber(t).state == State::kAtBarrier) L.fiber(t).state = State::kRunnable;
+  }
 }
 
 inline void syncthreads() {
   Launch& L = *current;
-  std::unique_lock<std::mutex> lock(L.mu);
+  Quiet q;
   if (L.aborted) throw Aborted{};
-  set_state_locked(L, State::kAtBarrier);
+  set_state(L, State::kAtBarrier);
   if (L.aborted) throw Aborted{};
   const uint64_t gen = L.barrier_generation;
+  release(&L.barrier_sync[gen & 1]);
   if (++L.at_barrier + L.exited == L.threads) {
-    L.at_barrier = 0;
-    ++L.barrier_generation;
-    for (unsigned t = 0; t < L.threads; ++t) {
-      if (L.state[t] == State::kAtBarrier) L.state[t] = State::kRunning;
-    }
-    L.barrier_cv.notify_all();
+    complete_barrier(L);
   } else {
-    wait_for(L, lock, L.barrier_cv, [&] { return L.barrier_generation != gen; }, "__syncthreads");
+    yield(L);
+    if (L.aborted) throw Aborted{};  // resumed only to unwind
   }
+  acquire(&L.barrier_sync[gen & 1]);
 }
 
 // One warp-level call: each lane of `mask` puts in a 64-bit value; returns the
 // values of the whole warp as they were when the last lane of `mask` arrived.
 inline const uint64_t* warp_exchange(unsigned mask, uint64_t v, const char* what) {
   Launch& L = *current;
-  const unsigned warp = linear_tid / 32, lane = linear_tid % 32;
-  Warp& w = *L.warps[warp];
-  std::unique_lock<std::mutex> lock(L.mu);
+  Quiet q;
+  const unsigned tid = linear_tid, warp = tid / 32, lane = tid % 32;
+  Warp& w = L.warps[warp];
   if (L.aborted) throw Aborted{};
   if (!(mask >> lane & 1u)) {
-    abort_locked(L, std::string(what) + ": the calling lane is not in its mask (" +
-                        where(linear_tid) + ")");
+    abort_launch(L, std::string(what) + ": the calling lane is not in its mask (" + where(tid) + ")");
     throw Aborted{};
   }
   if (w.arrived != 0 && w.call_mask != mask) {
     std::ostringstream s;
-    s << "divergence: " << where(linear_tid) << " calls " << what << " with mask 0x" << std::hex
-      << mask << " while lanes 0x" << w.arrived << " wait in a call with mask 0x" << w.call_mask;
-    abort_locked(L, s.str());
+    s << "divergence: " << where(tid) << " calls " << what << " with mask 0x" << std::hex << mask
+      << " while lanes 0x" << w.arrived << " wait in a call with mask 0x" << w.call_mask;
+    abort_launch(L, s.str());
     throw Aborted{};
   }
   w.call_mask = mask;
   w.arrived |= 1u << lane;
   w.value[lane] = v;
-  L.state[linear_tid] = State::kAtWarpCall;
   const uint64_t gen = w.generation;
+  release(&w.sync[gen & 1]);
   if ((w.arrived & mask) == mask) {
-    std::copy(std::begin(w.value), std::end(w.value), std::begin(w.result));
-    w.result_mask = mask;
+    for (unsigned l = 0; l < 32; ++l) {
+      if ((mask >> l & 1u) && warp * 32 + l < L.threads) {
+        Fiber& f = L.fiber(warp * 32 + l);
+        std::copy(std::begin(w.value), std::end(w.value), std::begin(f.snapshot));
+        f.state = State::kRunnable;
+      }
+    }
     w.arrived = 0;
     ++w.generation;
-    for (unsigned l = 0; l < 32; ++l) {
-      if ((mask >> l & 1u) && warp * 32 + l < L.threads) L.state[warp * 32 + l] = State::kRunning;
-    }
-    w.cv.notify_all();
   } else {
+    L.fiber(tid).state = State::kAtWarpCall;
     check_warp_divergence(L, warp);
     if (L.aborted) throw Aborted{};
-    wait_for(L, lock, w.cv, [&] { return w.generation != gen; }, what);
+    yield(L);
+    if (L.aborted) throw Aborted{};  // resumed only to unwind
   }
-  // The snapshot stays until this lane's next call completes, which needs this lane.
-  return w.result;
+  acquire(&w.sync[gen & 1]);
+  return L.fiber(tid).snapshot;
 }
 
 template <typename T>
@@ -405,24 +553,92 @@ inline unsigned ballot(unsigned mask, int predicate) {
 
 inline unsigned activemask() {
   Launch& L = *current;
-  std::lock_guard<std::mutex> lock(L.mu);
+  Quiet q;
   const unsigned warp = linear_tid / 32;
   unsigned bits = 0;
   for (unsigned l = 0; l < 32 && warp * 32 + l < L.threads; ++l) {
-    if (L.state[warp * 32 + l] != State::kExited) bits |= 1u << l;
+    if (L.fiber(warp * 32 + l).state != State::kExited) bits |= 1u << l;
   }
   return bits;
 }
 
 // --- launching --------------------------------------------------------------------------
 
-// The largest block the last launched kernel allows (its __launch_bounds__),
-// or 1024; set by FQ_SIMT_LAUNCH_BOUNDS in emulated launch code.
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 
+// Where every fiber starts: the kernel for one block, then back to the scheduler for good.
+inline void fiber_main() {
+  Launch* launch;
+  unsigned tid;
+  const std::function<void()>* body;
+  {
+    Quiet q;
+    launch = current;
+    tid = linear_tid;
+    body = launch->body;
+#if defined(FQ_SIMT_ASAN)
+    __sanitizer_finish_switch_fiber(nullptr, &launch->scheduler_stack, &launch->scheduler_stack_size);
+#endif
+  }
+  Launch& L = *launch;
+  try {
+    acquire(&L.start_sync);
+    (*body)();
+  } catch (const Aborted&) {
+  } catch (const std::exception& e) {
+    Quiet q;
+    abort_launch(L, where(tid) + ": " + e.what());
+  }
+  {
+    Quiet q;
+    if (!L.aborted) {
+      set_state(L, State::kExited);
+      ++L.exited;
+      // A barrier that waited for this thread may now be complete.
+      if (L.at_barrier > 0 && L.at_barrier + L.exited == L.threads) complete_barrier(L);
+    } else {
+      L.fiber(tid).state = State::kExited;
+    }
+    release(&L.done_sync);
+  }
+  yield(L, /*finished=*/true);
+  __builtin_unreachable();
+}
+
+// The fiber set to run fiber_main on its own stack (kept out of launch(),
+// which getcontext would otherwise return to twice).
+__attribute__((noinline)) inline void start_fiber(Fiber& f) {
+  f.state = State::kRunnable;
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = f.stack();
+  f.context.uc_stack.ss_size = Fiber::kStack;
+  f.context.uc_link = nullptr;
+  makecontext(&f.context, &fiber_main, 0);
+#if defined(FQ_SIMT_ASAN)
+  ASAN_UNPOISON_MEMORY_REGION(f.stack(), Fiber::kStack);
+#endif
+}
+
+// What waits when no thread of the block can run.
+inline std::string describe_hang(Launch& L) {
+  std::ostringstream s;
+  s << "hang: no thread of block (" << block_idx.x << ", " << block_idx.y << ", " << block_idx.z
+    << ") can run:";
+  unsigned shown = 0;
+  for (unsigned t = 0; t < L.threads && shown < 4; ++t) {
+    const State st = L.fiber(t).state;
+    if (st == State::kAtBarrier || st == State::kAtWarpCall) {
+      s << " " << where(t) << (st == State::kAtBarrier ? " waits at __syncthreads;" : " waits in a warp-level call;");
+      ++shown;
+    }
+  }
+  return s.str();
+}
+
 // Runs `body` (the kernel with its arguments) on every thread of every block of
-// `grid`, blocks one after another. Throws simt::Error on the first error of any
-// thread (divergence, misaligned access, hang, or an exception thrown by the body).
+// `grid`, blocks one after another, each block's threads as fibers of the
+// calling OS thread. Throws simt::Error on the first error of any thread
+// (divergence, misaligned access, hang, or an exception thrown by the body).
 inline void launch(dim3 grid, dim3 block, unsigned max_threads, const std::function<void()>& body) {
   const uint64_t threads64 = uint64_t{block.x} * block.y * block.z;
   if (threads64 == 0 || threads64 > std::min(max_threads, kMaxThreadsPerBlock)) {
@@ -430,71 +646,58 @@ inline void launch(dim3 grid, dim3 block, unsigned max_threads, const std::funct
                 std::to_string(std::min(max_threads, kMaxThreadsPerBlock)));
   }
   if (uint64_t{grid.x} * grid.y * grid.z == 0) throw Error("launch: the grid is empty");
+  if (current != nullptr) throw Error("launch: a kernel cannot launch another in the emulator");
+  static thread_local std::vector<std::unique_ptr<Fiber>> pool;
   Launch L;
   L.grid = grid;
   L.block = block;
   L.threads = static_cast<unsigned>(threads64);
-  L.state.assign(L.threads, State::kRunning);
-  for (unsigned w = 0; w < (L.threads + 31) / 32; ++w) L.warps.push_back(std::make_unique<Warp>());
-  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
-
-  auto worker = [&](unsigned tid) {
+  L.body = &body;
+  L.fibers = &pool;
+  L.warps.resize((L.threads + 31) / 32);
+  while (pool.size() < L.threads) pool.push_back(std::make_unique<Fiber>());
+  for (unsigned t = 0; t < L.threads; ++t) {
+    if (pool[t]->mapping == nullptr) pool[t]->allocate();
+  }
+#if defined(FQ_SIMT_TSAN)
+  L.scheduler_tsan = __tsan_get_current_fiber();
+#endif
+  release(&L.start_sync);
+  {
+    Quiet q;  // (the scheduler's writes, current and threadIdx among them, are not the kernel's)
     current = &L;
-    linear_tid = tid;
-    block_dim = block;
-    grid_dim = grid;
-    thread_idx = uint3{tid % block.x, tid / block.x % block.y, tid / (block.x * block.y)};
-    for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+    for (uint64_t b = 0; b < blocks && !L.aborted; ++b) {
       block_idx = uint3{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
                         static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y))};
-      bool ok = true;
-      try {
-        body();
-      } catch (const Aborted&) {
-        ok = false;
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(L.mu);
-        abort_locked(L, where(tid) + ": " + e.what());
-        ok = false;
+      block_dim = block;
+      grid_dim = grid;
+      L.at_barrier = L.exited = 0;
+      for (auto& w : L.warps) w.arrived = 0;
+      for (unsigned t = 0; t < L.threads; ++t) {
+        start_fiber(L.fiber(t));
       }
-      std::unique_lock<std::mutex> lock(L.mu);
-      if (!ok || L.aborted) break;
-      set_state_locked(L, State::kExited);
-      ++L.exited;
-      // A barrier that waited for this thread may now be complete.
-      if (L.at_barrier > 0 && L.at_barrier + L.exited == L.threads) {
-        L.at_barrier = 0;
-        ++L.barrier_generation;
-        for (unsigned t = 0; t < L.threads; ++t) {
-          if (L.state[t] == State::kAtBarrier) L.state[t] = State::kRunning;
+      while (L.exited < L.threads && !L.aborted) {
+        bool ran = false;
+        for (unsigned t = 0; t < L.threads && !L.aborted; ++t) {
+          if (L.fiber(t).state != State::kRunnable) continue;
+          linear_tid = t;
+          thread_idx = uint3{t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+          switch_to(L, t);
+          ran = true;
         }
-        L.barrier_cv.notify_all();
-      }
-      const uint64_t gen = L.done_generation;
-      if (++L.done_count == L.threads) {
-        L.done_count = 0;
-        L.exited = 0;
-        L.at_barrier = 0;
-        std::fill(L.state.begin(), L.state.end(), State::kRunning);
-        for (auto& w : L.warps) w->arrived = 0;
-        ++L.done_generation;
-        L.done_cv.notify_all();
-      } else {
-        try {
-          wait_for(L, lock, L.done_cv, [&] { return L.done_generation != gen; }, "the end of the block");
-        } catch (const Aborted&) {
-          break;
-        }
-        if (L.aborted) break;
+        if (!ran && !L.aborted && L.exited < L.threads) abort_launch(L, describe_hang(L));
       }
     }
+    // After an error the threads still waiting are resumed once, to unwind.
+    for (unsigned t = 0; t < L.threads && L.aborted; ++t) {
+      if (L.fiber(t).state == State::kExited) continue;
+      linear_tid = t;
+      switch_to(L, t);
+    }
     current = nullptr;
-  };
-
-  std::vector<std::thread> pool;
-  pool.reserve(L.threads);
-  for (unsigned t = 0; t < L.threads; ++t) pool.emplace_back(worker, t);
-  for (auto& t : pool) t.join();
+  }
+  acquire(&L.done_sync);
   if (L.aborted) throw Error("simt emulator: " + L.error);
 }
 
