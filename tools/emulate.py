@@ -49,44 +49,46 @@ RUNTIMES = {"plain": [], "asan": ["libasan.so", "libubsan.so"], "tsan": ["libtsa
 SANITIZER_ENV = {
     "asan": {"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:detect_odr_violation=0",
              "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"},
-    # (the emulator's 256 threads per block: a deeper history than the default)
-    "tsan": {"TSAN_OPTIONS": "halt_on_error=1:exitcode=66:history_size=4:report_signal_unsafe=0"},
+    # The CPU operators on one thread: libgomp is not instrumented, so its
+    # synchronisation is invisible to ThreadSanitizer.
+    "tsan": {"TSAN_OPTIONS": "halt_on_error=1:exitcode=66:history_size=4:report_signal_unsafe=0",
+             "OMP_NUM_THREADS": "1"},
 }
 
 # The mistakes `planted` puts into a copy of the device code, one at a time: the
 # file, the exact text replaced (it must occur once), the replacement, the tests
-# (a pytest -k expression) expected to catch it, and the variant they run on
-# (a wrong value is caught plain; a second store of the same value, only by
-# ThreadSanitizer).
+# (a pytest -k expression) expected to catch it, the variant they run on (a
+# wrong value is caught plain; a second store of the same value, only by
+# ThreadSanitizer), and the translation unit that compiles the mistake.
 PLANTED = [
     ("off-by-one in a tail loop", "kernels.cuh",
      "for (int64_t e = n_vec + tid; e < n; e += stride) {",
      "for (int64_t e = n_vec + tid; e <= n; e += stride) {",
-     "mask_backward", "plain"),
+     "mask_backward", "plain", "mask_backward.cu"),
     ("wrong shuffle offset", "kernels.cuh",
      "bits |= __shfl_down_sync(kFullWarp, bits, s) << (V * s);",
      "bits |= __shfl_down_sync(kFullWarp, bits, s + 1) << (V * s);",
-     "quantize_sizes", "plain"),
+     "quantize_sizes", "plain", "quantize.cu"),
     ("missing __syncthreads", "lsq_backward.cu",
      "    shared_s[t] = acc_s;\n    shared_z[t] = acc_z;\n    __syncthreads();",
      "    shared_s[t] = acc_s;\n    shared_z[t] = acc_z;",
-     "lsq_backward_per_channel", "plain"),
+     "lsq_backward_per_channel", "plain", "lsq_backward.cu"),
     ("a mask word written twice", "blockwise.cu",
      "if (lane == 0 && offset < len) store_mask_word(",
      "if (lane < 2 && offset < len) store_mask_word(",
-     "blockwise_block_sizes", "tsan"),
+     "blockwise_block_sizes", "tsan", "blockwise.cu"),
     ("mask bit in the wrong place", "blockwise.cu",
      "atomicOr(words + pos / 32, bits << shift);",
      "atomicOr(words + pos / 32, bits << (shift ^ 1));",
-     "blockwise_block_sizes", "plain"),
+     "blockwise_block_sizes", "plain", "blockwise.cu"),
     ("vector access on an unaligned input", "quantize.cu",
      "const bool vectorised = aligned16(xp) && aligned16(yp) &&",
      "const bool vectorised = aligned16(yp) &&",
-     "quantize_sizes", "plain"),
+     "quantize_sizes", "plain", "quantize.cu"),
     ("grid-stride step of one block", "kernels.cuh",
      "const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;\n\n  const int64_t vec_tiles",
      "const int64_t nwarps = static_cast<int64_t>(blockDim.x) / kWarpSize;\n\n  const int64_t vec_tiles",
-     "quantize_sizes", "plain"),
+     "quantize_sizes", "plain", "quantize.cu"),
 ]
 
 
@@ -188,20 +190,15 @@ def build(variant, jobs=None):
     return libs[variant]
 
 
-def build_planted(csrc, changed, variant, out, jobs=None):
-    """The `variant` library with the device code of `csrc` (a copy with a
-    planted mistake in file `changed`): the translation units it reaches are
-    compiled from the copy, the others and the host functions are the real
-    build's (built first)."""
+def build_planted(csrc, unit, variant, out, jobs=None):
+    """The `variant` library with translation unit `unit` compiled from `csrc`
+    (a copy with a planted mistake); the other units and the host functions
+    are the real build's (built first)."""
     real = os.path.join(ROOT, "csrc")
     build(variant, jobs)
     cflags, ldflags = torch_flags()
     host, device = sources(real)
-    copies = sources(csrc)[1]
-    if changed.endswith(".cu"):
-        compiled = [src for src in copies if os.path.basename(src) == changed]
-    else:  # a header: every device translation unit
-        compiled = copies
+    compiled = [src for src in sources(csrc)[1] if os.path.basename(src) == unit]
     kept = [os.path.join(OUT, variant, "device", os.path.relpath(src, real) + ".o") for src in device
             if os.path.basename(src) not in {os.path.basename(c) for c in compiled}]
     lines = ninja_rules(cflags, ldflags, csrc)
@@ -223,7 +220,9 @@ def test_env(variant, lib):
 
 
 def run_tests(variant, lib, pytest_args=()):
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ROOT,
+    # (--capture=sys: a sanitizer report, written to fd 2 just before the process
+    # exits, must not go into pytest's capture file)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", "--rootdir", ROOT,
            os.path.join(ROOT, "tests", "test_cuda_emulated.py"), *pytest_args]
     return subprocess.run(cmd, env=test_env(variant, lib), cwd=ROOT)
 
@@ -233,7 +232,7 @@ def planted(jobs=None):
     tests must fail. Returns the number of mistakes not caught."""
     base = os.path.join(OUT, "planted")
     missed = []
-    for name, filename, old, new, tests, variant in PLANTED:
+    for name, filename, old, new, tests, variant, unit in PLANTED:
         slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
         copy = os.path.join(base, slug, "csrc")
         if os.path.exists(copy):
@@ -247,9 +246,9 @@ def planted(jobs=None):
         with open(path, "w") as f:
             f.write(text.replace(old, new))
         print(f"planted: {name} (csrc/cuda/{filename}); expecting failures in -k {tests} ({variant})", flush=True)
-        lib = build_planted(copy, filename, variant, os.path.join(base, slug, "build"), jobs)
+        lib = build_planted(copy, unit, variant, os.path.join(base, slug, "build"), jobs)
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--rootdir", ROOT,
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--capture=sys", "--rootdir", ROOT,
              os.path.join(ROOT, "tests", "test_cuda_emulated.py"), "-k", tests],
             env=test_env(variant, lib), cwd=ROOT, capture_output=True, text=True)
         output = run.stdout + run.stderr

@@ -245,8 +245,12 @@ struct Warp {
 // One thread's fiber: its stack (mmap-ed, above a guard page), context, and
 // ThreadSanitizer fiber. Kept from launch to launch by the OS thread that launches.
 struct Fiber {
+  // (AddressSanitizer clears a stack's shadow at every switch to it: kept
+  // small enough for that to be a memset, not a remapping)
   static constexpr size_t kStack =
-#if defined(FQ_SIMT_ASAN) || defined(FQ_SIMT_TSAN)
+#if defined(FQ_SIMT_ASAN)
+      size_t{128} << 10;
+#elif defined(FQ_SIMT_TSAN)
       size_t{1} << 20;
 #else
       size_t{256} << 10;
