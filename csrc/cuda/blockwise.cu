@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
                           const BlockRule<compute_t<scalar_t>> rule, const float elem_max,
                           const ParamPtr scale_amax) {
   using C = compute_t<scalar_t>;
-  __shared__ uint32_t warp_amax[kWarpsPerBlock];
+  FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
   const int t = threadIdx.x;
   const int lane = t % kWarpSize;
   const int warp = t / kWarpSize;

@@ -23,6 +23,11 @@
 namespace fakequant {
 namespace gpu {
 
+// Shared memory of the block: `T name[n]` (the emulator gives each block its own).
+#if !defined(FQ_SHARED)
+#define FQ_SHARED(T, name, n) __shared__ T name[n]
+#endif
+
 constexpr int kWarpSize = 32;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;

@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kThreads)
                        const AffineFamily family, double* __restrict__ part_s,
                        double* __restrict__ part_z) {
   using C = compute_t<scalar_t>;
-  __shared__ double shared_s[kThreads];
-  __shared__ double shared_z[kThreads];
+  FQ_SHARED(double, shared_s, kThreads);
+  FQ_SHARED(double, shared_z, kThreads);
   const int t = threadIdx.x;
   const int row_lane = t / grid.cols_per_block;
   const int col_lane = t - row_lane * grid.cols_per_block;

@@ -21,8 +21,8 @@
 //   GPU would race. AddressSanitizer is told which stack is in use.
 // - __syncthreads() as a barrier of the block's threads (a thread that has
 //   returned from the kernel counts as arrived, as on sm_70 and later);
-//   __shared__ memory, one copy per kernel instantiation, which is per block
-//   because blocks run one at a time; __launch_bounds__ is accepted and
+//   shared memory per block (FQ_SHARED; a plain __shared__ is accepted as one
+//   static copy, which blocks take in turn); __launch_bounds__ is accepted and
 //   launches with more threads than it allows are refused, as the driver does.
 // - Warps of 32 lanes (warpSize): __shfl_sync, __shfl_up_sync,
 //   __shfl_down_sync, __shfl_xor_sync (any width that is a power of two up to
@@ -286,6 +286,18 @@ struct Fiber {
   ~Fiber() { release_resources(); }
 };
 
+constexpr unsigned kMaxThreads = 1024;
+// Fiber sets: block b runs on set b % kFiberSets. Under ThreadSanitizer a
+// fiber is one logical thread, so the threads of blocks on different sets are
+// unordered and their conflicting accesses reported (16 sets: every block of
+// a grid of up to 16 blocks, or any two of 16 consecutive ones); one set
+// otherwise.
+#if defined(FQ_SIMT_TSAN)
+constexpr unsigned kFiberSets = 16;
+#else
+constexpr unsigned kFiberSets = 1;
+#endif
+
 // The state of one launch: the block being run, its barrier and warps.
 struct Launch {
   dim3 grid, block;
@@ -302,8 +314,11 @@ struct Launch {
   const void* scheduler_stack = nullptr;  // (AddressSanitizer)
   size_t scheduler_stack_size = 0;
   char start_sync = 0, done_sync = 0, barrier_sync[2] = {};
+  // Blocks on one fiber set are ordered (their shared memory is one copy).
+  char set_sync[kFiberSets] = {};
 
-  Fiber& fiber(unsigned tid) { return *(*fibers)[tid]; }
+  unsigned set = 0;  // the fiber set of the running block
+  Fiber& fiber(unsigned tid) { return *(*fibers)[set * kMaxThreads + tid]; }
 };
 
 inline thread_local Launch* current = nullptr;
@@ -566,9 +581,21 @@ inline unsigned activemask() {
   return bits;
 }
 
+// Shared memory: FQ_SHARED(T, name, n) declares `T name[n]` for the block, one
+// copy per fiber set (the lambda makes each declaration, in each template
+// instantiation, a storage of its own). A plain __shared__ is one static copy
+// for all blocks: right while blocks run one after another, but ThreadSanitizer
+// would take two blocks' uses of it for a race.
+template <typename T, size_t N, typename Tag>
+T* shared_array(Tag) {
+  alignas(16) static T storage[kFiberSets][N];
+  return storage[current->set];
+}
+#define FQ_SHARED(T, name, n) T* const name = ::simt::shared_array<T, (n)>([] {})
+
 // --- launching --------------------------------------------------------------------------
 
-constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxThreadsPerBlock = kMaxThreads;
 
 // Where every fiber starts: the kernel for one block, then back to the scheduler for good.
 inline void fiber_main() {
@@ -587,6 +614,7 @@ inline void fiber_main() {
   Launch& L = *launch;
   try {
     acquire(&L.start_sync);
+    acquire(&L.set_sync[L.set]);
     (*body)();
   } catch (const Aborted&) {
   } catch (const std::exception& e) {
@@ -604,6 +632,7 @@ inline void fiber_main() {
       L.fiber(tid).state = State::kExited;
     }
     release(&L.done_sync);
+    release(&L.set_sync[L.set]);
   }
   yield(L, /*finished=*/true);
   __builtin_unreachable();
@@ -659,9 +688,15 @@ inline void launch(dim3 grid, dim3 block, unsigned max_threads, const std::funct
   L.body = &body;
   L.fibers = &pool;
   L.warps.resize((L.threads + 31) / 32);
-  while (pool.size() < L.threads) pool.push_back(std::make_unique<Fiber>());
-  for (unsigned t = 0; t < L.threads; ++t) {
-    if (pool[t]->mapping == nullptr) pool[t]->allocate();
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  const unsigned sets = static_cast<unsigned>(std::min<uint64_t>(blocks, kFiberSets));
+  pool.resize(kFiberSets * kMaxThreads);
+  for (unsigned set = 0; set < sets; ++set) {
+    for (unsigned t = 0; t < L.threads; ++t) {
+      auto& f = pool[set * kMaxThreads + t];
+      if (f == nullptr) f = std::make_unique<Fiber>();
+      if (f->mapping == nullptr) f->allocate();
+    }
   }
 #if defined(FQ_SIMT_TSAN)
   L.scheduler_tsan = __tsan_get_current_fiber();
@@ -670,8 +705,8 @@ inline void launch(dim3 grid, dim3 block, unsigned max_threads, const std::funct
   {
     Quiet q;  // (the scheduler's writes, current and threadIdx among them, are not the kernel's)
     current = &L;
-    const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
     for (uint64_t b = 0; b < blocks && !L.aborted; ++b) {
+      L.set = static_cast<unsigned>(b % kFiberSets);
       block_idx = uint3{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
                         static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y))};
       block_dim = block;

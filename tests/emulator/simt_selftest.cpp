@@ -27,7 +27,7 @@ constexpr unsigned kFull = 0xffffffffu;
 // --- kernels -------------------------------------------------------------------
 
 __global__ void block_sum_kernel(const int* in, int* out) {
-  __shared__ int buf[256];
+  FQ_SHARED(int, buf, 256);
   const unsigned t = threadIdx.x;
   buf[t] = in[blockIdx.x * blockDim.x + t];
   __syncthreads();
@@ -109,7 +109,7 @@ __global__ void misaligned_kernel(const float* in, float* out) {
 }
 
 __global__ void race_kernel(int* out) {
-  __shared__ int cell[1];
+  FQ_SHARED(int, cell, 1);
   cell[0] = static_cast<int>(threadIdx.x);  // every thread writes the same cell, unsynchronised
   __syncthreads();
   out[threadIdx.x] = cell[0];
