@@ -45,6 +45,10 @@ __all__ = [
     "fake_quantize_affine",
     "fake_quantize_per_tensor_affine",
     "fake_quantize_per_channel_affine",
+    "fake_quantize_per_tensor_affine_cachemask",
+    "fake_quantize_per_channel_affine_cachemask",
+    "_fake_quantize_learnable_per_tensor_affine",
+    "_fake_quantize_learnable_per_channel_affine",
     "fake_quant",
     "fake_quant_grad",
     "fake_quantize_amax",
@@ -262,6 +266,91 @@ def fake_quantize_per_channel_affine(
     points, which no integer QDQ graph can represent).
     """
     return fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max)
+
+
+def fake_quantize_per_tensor_affine_cachemask(
+    input: torch.Tensor,
+    scale: TensorOrNumber,
+    zero_point: TensorOrNumber,
+    quant_min: int,
+    quant_max: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for ``torch.fake_quantize_per_tensor_affine_cachemask``: ``(output, mask)``,
+    the mask a bool tensor shaped like ``output`` (True where ``rint(x / scale) + zero_point``
+    lies in ``[quant_min, quant_max]``). ``output`` is differentiable in ``input`` (gradient
+    where the mask is set); scale and zero point may be numbers or one-element tensors."""
+    input = check_tensor(input, "input")
+    scale = _as_tensor(scale, input, torch.float32, "scale")
+    zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point")
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
+    return _ops.fake_quantize_affine(input, scale, zero_point, None, quant_min, quant_max, False)
+
+
+def fake_quantize_per_channel_affine_cachemask(
+    input: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    axis: int,
+    quant_min: int,
+    quant_max: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for ``torch.fake_quantize_per_channel_affine_cachemask``: ``(output, bool mask)``
+    as :func:`fake_quantize_per_tensor_affine_cachemask`, one scale and zero point per
+    index of ``axis``."""
+    input = check_tensor(input, "input")
+    scale = _as_tensor(check_tensor(scale, "scale"), input, torch.float32, "scale")
+    zero_point = _as_tensor(check_tensor(zero_point, "zero_point"), input, torch.int32, "zero_point")
+    axis = check_int(axis, "axis")
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
+    return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, False)
+
+
+def _learnable_params(scale, zero_point) -> None:
+    # torch's learnable ops take float tensors for both (the zero point is learned).
+    for name, t in (("scale", scale), ("zero_point", zero_point)):
+        check_tensor(t, name)
+        if not t.is_floating_point():
+            raise TypeError(f"fakequant: {name} must be a floating-point tensor, got {t.dtype}")
+
+
+def _fake_quantize_learnable_per_tensor_affine(
+    input: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+    grad_factor: float = 1.0,
+) -> torch.Tensor:
+    """Drop-in for ``torch._fake_quantize_learnable_per_tensor_affine`` (same signature):
+    LSQ+ with a learned scale and zero point (one-element float tensors), the parameter
+    gradients times ``grad_factor``. :func:`fake_quantize_lsq` underneath, so float16 and
+    bfloat16 inputs work too; the zero point rounds half to even and clamps into the
+    range, its gradient passing straight through that rounding."""
+    _learnable_params(scale, zero_point)
+    if scale.numel() != 1 or zero_point.numel() != 1:
+        raise ValueError(
+            "fakequant: scale and zero_point must have one element each, got "
+            f"{scale.numel()} and {zero_point.numel()}"
+        )
+    return fake_quantize_lsq(input, scale.reshape(()), zero_point.reshape(()), None, quant_min, quant_max,
+                             grad_factor)
+
+
+def _fake_quantize_learnable_per_channel_affine(
+    input: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    axis: int,
+    quant_min: int,
+    quant_max: int,
+    grad_factor: float = 1.0,
+) -> torch.Tensor:
+    """Drop-in for ``torch._fake_quantize_learnable_per_channel_affine`` (same signature):
+    as :func:`_fake_quantize_learnable_per_tensor_affine`, one scale and zero point per
+    index of ``axis``."""
+    _learnable_params(scale, zero_point)
+    return fake_quantize_lsq(input, scale, zero_point, check_int(axis, "axis"), quant_min, quant_max,
+                             grad_factor)
 
 
 def fake_quant(
@@ -665,3 +754,4 @@ def fake_quantize_lsq(
 
 
 # === end LSQ ===
+
