@@ -105,7 +105,8 @@ def train_side_by_side(ref, ours, ref_classes, our_classes, steps):
         opt_ref.step()
     for h in hooks_ref + hooks_ours:
         h.remove()
-    assert ties <= max(3, compared // 100_000), (ties, compared)
+    # measured here: 0 (fused), 3 (FakeQuantize), 1 (learnable), 0 (PT2E) in about 10^5 elements
+    assert ties <= 3 + compared // 10_000, (ties, compared)
     ours.load_state_dict(ref.state_dict())
     return ties
 
