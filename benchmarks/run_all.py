@@ -56,6 +56,8 @@ def stages(args, py):
                  "--json", out("qat_step.json")]),
         ("calib", [py, os.path.join(HERE, "bench_calib.py"), "--device", "cpu", "--repeat", "3" if quick else "10",
                    "--baseline", "--json", out("calib.json")]),
+        ("fused", [py, os.path.join(HERE, "bench_fused.py"), "--sizes", "2^16" if quick else "2^20,2^24",
+                   "--json", out("fused.json")] + common),
     ]
     if "cuda" in args.devices:
         s += [
@@ -237,6 +239,15 @@ def targets(results):
             if name in alone:
                 rows.append((f"at most {BITS_TARGET:g} bit per element saved by fake quantization", name,
                              f"{alone[name]:g}", alone[name] <= BITS_TARGET + 1e-9))
+    fused = results.get("fused")
+    if fused:
+        import bench_fused
+
+        for r in fused["rows"]:
+            if r["device"] == "cpu" and r["numel"] in (1 << 20, 1 << 24):
+                rows.append((f"fused observer at least {bench_fused.TARGET:g}x faster than torch's",
+                             f"2^{r['numel'].bit_length() - 1} float32, {r['granularity']}, {r['mode']}",
+                             _ratio(r["speedup"], bench_fused.TARGET), r["speedup"] >= bench_fused.TARGET))
     cuda = results.get("ops_cuda")
     if cuda:
         idx = _index(cuda["rows"])
@@ -529,6 +540,16 @@ def write_report(args, results, meta):
         L += [f"- **{k}**: {v}" for k, v in qat["descriptions"].items()]
         L += ["", bench_qat_step.format_tables(qat), ""]
 
+    fused = results.get("fused")
+    if fused:
+        import bench_fused
+
+        L += ["## The fused observer", "",
+              "`fakequant.ops.fused_moving_avg_obs_fake_quant` against `torch.fused_moving_avg_obs_fake_quant` "
+              "(what torch.ao's `FusedMovingAvgObsFakeQuantize` calls), observer and fake quantization on, "
+              "float32 on CPU, interleaved in one process; per channel is a (64, n / 64) tensor along axis 0.",
+              "", bench_fused.format_table(fused["rows"]), ""]
+
     calib = results.get("calib")
     if calib:
         L += ["## Calibration", "",
@@ -628,7 +649,7 @@ def main():
     else:
         meta = previous or dict(meta, load_end=None, total_s=0.0)
     results = {name: _load(args.out, f"{name}.json")
-               for name in ("ops", "ops_thp", "overhead", "qat_step", "calib", "ops_cuda", "overhead_cuda")}
+               for name in ("ops", "ops_thp", "overhead", "qat_step", "calib", "fused", "ops_cuda", "overhead_cuda")}
     path = write_report(args, results, meta)
     print(f"\nwrote {os.path.relpath(path, ROOT)} and the plots beside it "
           f"({(time.perf_counter() - start) / 60:.1f} minutes)")

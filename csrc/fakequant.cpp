@@ -85,4 +85,16 @@ FAKEQUANT_LIBRARY(m) {
       "fake_quantize_lsq_backward(Tensor grad, Tensor input, Tensor scale, Tensor zero_point, "
       "int? axis, int quant_min, int quant_max, float grad_factor) "
       "-> (Tensor grad_input, Tensor grad_scale, Tensor grad_zero_point)");
+
+  // torch.fused_moving_avg_obs_fake_quant: where observer_on, the running min/max
+  // (per tensor, or per channel of ch_axis with per_row_fake_quant) move toward
+  // this batch's by averaging_const; where fake_quant_on, scale and zero_point are
+  // chosen from them and input is fake-quantized with them (else output = input,
+  // mask all set). The buffers are updated in place; the flags are read on the
+  // device. The mask is packed as fake_quantize_affine's.
+  m.def(
+      "fused_moving_avg_obs_fake_quant(Tensor input, Tensor observer_on, Tensor fake_quant_on, "
+      "Tensor(a!) running_min, Tensor(b!) running_max, Tensor(c!) scale, Tensor(d!) zero_point, "
+      "float averaging_const, int quant_min, int quant_max, int ch_axis, "
+      "bool per_row_fake_quant=False, bool symmetric_quant=False) -> (Tensor output, Tensor mask)");
 }

@@ -20,6 +20,8 @@ from .ops import (
     fake_quantize_min_max,
     fake_quantize_per_channel_affine,
     fake_quantize_per_tensor_affine,
+    fake_quantize_per_tensor_affine_cachemask,
+    fake_quantize_per_channel_affine_cachemask,
     fp8_max,
     mask_backward,
     quantize_amax,

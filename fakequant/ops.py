@@ -45,6 +45,10 @@ __all__ = [
     "fake_quantize_affine",
     "fake_quantize_per_tensor_affine",
     "fake_quantize_per_channel_affine",
+    "fake_quantize_per_tensor_affine_cachemask",
+    "fake_quantize_per_channel_affine_cachemask",
+    "_fake_quantize_learnable_per_tensor_affine",
+    "_fake_quantize_learnable_per_channel_affine",
     "fake_quant",
     "fake_quant_grad",
     "fake_quantize_amax",
@@ -58,6 +62,7 @@ __all__ = [
     "amax_bound",
     "fake_quantize_blockwise",
     "fake_quantize_lsq",
+    "fused_moving_avg_obs_fake_quant",
 ]
 
 _ops = torch.ops.fakequant
@@ -262,6 +267,91 @@ def fake_quantize_per_channel_affine(
     points, which no integer QDQ graph can represent).
     """
     return fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max)
+
+
+def fake_quantize_per_tensor_affine_cachemask(
+    input: torch.Tensor,
+    scale: TensorOrNumber,
+    zero_point: TensorOrNumber,
+    quant_min: int,
+    quant_max: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for ``torch.fake_quantize_per_tensor_affine_cachemask``: ``(output, mask)``,
+    the mask a bool tensor shaped like ``output`` (True where ``rint(x / scale) + zero_point``
+    lies in ``[quant_min, quant_max]``). ``output`` is differentiable in ``input`` (gradient
+    where the mask is set); scale and zero point may be numbers or one-element tensors."""
+    input = check_tensor(input, "input")
+    scale = _as_tensor(scale, input, torch.float32, "scale")
+    zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point")
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
+    return _ops.fake_quantize_affine(input, scale, zero_point, None, quant_min, quant_max, False)
+
+
+def fake_quantize_per_channel_affine_cachemask(
+    input: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    axis: int,
+    quant_min: int,
+    quant_max: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for ``torch.fake_quantize_per_channel_affine_cachemask``: ``(output, bool mask)``
+    as :func:`fake_quantize_per_tensor_affine_cachemask`, one scale and zero point per
+    index of ``axis``."""
+    input = check_tensor(input, "input")
+    scale = _as_tensor(check_tensor(scale, "scale"), input, torch.float32, "scale")
+    zero_point = _as_tensor(check_tensor(zero_point, "zero_point"), input, torch.int32, "zero_point")
+    axis = check_int(axis, "axis")
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
+    return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, False)
+
+
+def _learnable_params(scale, zero_point) -> None:
+    # torch's learnable ops take float tensors for both (the zero point is learned).
+    for name, t in (("scale", scale), ("zero_point", zero_point)):
+        check_tensor(t, name)
+        if not t.is_floating_point():
+            raise TypeError(f"fakequant: {name} must be a floating-point tensor, got {t.dtype}")
+
+
+def _fake_quantize_learnable_per_tensor_affine(
+    input: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+    grad_factor: float = 1.0,
+) -> torch.Tensor:
+    """Drop-in for ``torch._fake_quantize_learnable_per_tensor_affine`` (same signature):
+    LSQ+ with a learned scale and zero point (one-element float tensors), the parameter
+    gradients times ``grad_factor``. :func:`fake_quantize_lsq` underneath, so float16 and
+    bfloat16 inputs work too; the zero point rounds half to even and clamps into the
+    range, its gradient passing straight through that rounding."""
+    _learnable_params(scale, zero_point)
+    if scale.numel() != 1 or zero_point.numel() != 1:
+        raise ValueError(
+            "fakequant: scale and zero_point must have one element each, got "
+            f"{scale.numel()} and {zero_point.numel()}"
+        )
+    return fake_quantize_lsq(input, scale.reshape(()), zero_point.reshape(()), None, quant_min, quant_max,
+                             grad_factor)
+
+
+def _fake_quantize_learnable_per_channel_affine(
+    input: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    axis: int,
+    quant_min: int,
+    quant_max: int,
+    grad_factor: float = 1.0,
+) -> torch.Tensor:
+    """Drop-in for ``torch._fake_quantize_learnable_per_channel_affine`` (same signature):
+    as :func:`_fake_quantize_learnable_per_tensor_affine`, one scale and zero point per
+    index of ``axis``."""
+    _learnable_params(scale, zero_point)
+    return fake_quantize_lsq(input, scale, zero_point, check_int(axis, "axis"), quant_min, quant_max,
+                             grad_factor)
 
 
 def fake_quant(
@@ -665,3 +755,84 @@ def fake_quantize_lsq(
 
 
 # === end LSQ ===
+
+
+# === fused observer: fused_moving_avg_obs_fake_quant ===
+
+# The op updates its buffers in place (running min/max, scale, zero point), and
+# torch.library gives autograd formulas to functional ops only: the gradient
+# (grad where the packed mask is set) is an autograd.Function around it, which
+# torch.compile traces as well.
+
+
+@torch.library.register_fake("fakequant::fused_moving_avg_obs_fake_quant")
+def _(input, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const,
+      quant_min, quant_max, ch_axis, per_row_fake_quant=False, symmetric_quant=False):
+    _check_meta(input, observer_on=observer_on, fake_quant_on=fake_quant_on, running_min=running_min,
+                running_max=running_max, scale=scale, zero_point=zero_point)
+    y = torch.empty_like(input)
+    return y, _new_mask(y)
+
+
+class _FusedMovingAvgObsFakeQuant(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, *args):
+        y, mask = _ops.fused_moving_avg_obs_fake_quant(input, *args)
+        ctx.save_for_backward(mask)
+        ctx.output_stride = y.stride()
+        ctx.num_args = len(args)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return (mask_grad(grad, mask, ctx.output_stride),) + (None,) * ctx.num_args
+
+
+def fused_moving_avg_obs_fake_quant(
+    input: torch.Tensor,
+    observer_on: torch.Tensor,
+    fake_quant_on: torch.Tensor,
+    running_min: torch.Tensor,
+    running_max: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    averaging_const: float,
+    quant_min: int,
+    quant_max: int,
+    ch_axis: int,
+    per_row_fake_quant: bool = False,
+    symmetric_quant: bool = False,
+) -> torch.Tensor:
+    """Drop-in for ``torch.fused_moving_avg_obs_fake_quant`` (same signature): a moving-average
+    min/max observer and fake quantization in one operator.
+
+    Where ``observer_on`` (a one-element tensor) is nonzero, ``running_min``/``running_max``
+    move toward this batch's min/max by ``averaging_const`` (taking the batch's while they are
+    infinite); where ``fake_quant_on`` is nonzero, ``scale`` and ``zero_point`` are chosen from
+    the running range (as torch's fused op chooses them, ``symmetric_quant`` its
+    preserve-sparsity rule) and ``input`` is fake-quantized with them, else returned as is.
+    Per tensor, or per channel of ``ch_axis`` with ``per_row_fake_quant`` (any axis; empty
+    buffers are sized at the first call, as torch's are). The four buffers (float32, the zero
+    point int32) are updated in place; the flags are read on the device, so nothing waits for
+    it. The fake quantization follows fakequant's contract (``rint(x / scale)``), so it can
+    differ from torch's by one step at exact ties. Differentiable in ``input``: the gradient
+    passes where ``rint(x / scale) + zero_point`` lies in ``[quant_min, quant_max]``.
+    """
+    input = check_tensor(input, "input")
+    for name, t in (("observer_on", observer_on), ("fake_quant_on", fake_quant_on), ("running_min", running_min),
+                    ("running_max", running_max), ("scale", scale), ("zero_point", zero_point)):
+        check_tensor(t, name)
+    averaging_const = check_float(averaging_const, "averaging_const")
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
+    ch_axis = check_int(ch_axis, "ch_axis")
+    per_row_fake_quant = check_bool(per_row_fake_quant, "per_row_fake_quant")
+    symmetric_quant = check_bool(symmetric_quant, "symmetric_quant")
+    if fake_quant_on is observer_on:  # one flag for both: torch.compile traces distinct inputs only
+        fake_quant_on = fake_quant_on.clone()
+    return _FusedMovingAvgObsFakeQuant.apply(
+        input, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const,
+        quant_min, quant_max, ch_axis, per_row_fake_quant, symmetric_quant)
+
+
+# === end fused observer ===

@@ -315,3 +315,32 @@ def test_lsq_backward_layouts(dtype):
     lsq_backward(x.transpose(1, 3), 3, dtype)
     lsq_backward(data(x.numel(), dtype, offset=1).reshape(x.shape), 1, dtype)
     lsq_backward(x[:, :, ::2], 1, dtype)
+
+
+# fused_moving_avg_obs_fake_quant: the observer kernel (a thread per channel, past one
+# block of 256 channels too) updating the buffers in place, then the quantize kernel.
+FUSED_CASES = {
+    "per_tensor": ((50001,), False, 0, False),
+    "per_tensor_symmetric": ((64, 33), False, 0, True),
+    "channels_rows": ((300, 40), True, 0, False),
+    "channels_axis1": ((7, 260, 3), True, 1, True),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", sorted(FUSED_CASES))
+def test_fused_observer(case, dtype):
+    shape, per_row, axis, symmetric = FUSED_CASES[case]
+    n = shape[axis] if per_row else 1
+    buffers = {name: [torch.full((n,), float("inf")), torch.full((n,), float("-inf")), torch.ones(n),
+                      torch.zeros(n, dtype=torch.int32)] for name in ("fakequant", "fakequant_emulated")}
+    for step, (observe, quantize) in enumerate([(1, 1), (1, 0), (0, 1), (1, 1)]):
+        x = shaped(shape, dtype).nan_to_num(0.0, 5.0, -5.0) * (1 + step) + 0.25 * step
+        flags = torch.tensor([observe]), torch.tensor([quantize])
+        out = {name: getattr(torch.ops, name).fused_moving_avg_obs_fake_quant(
+            x, *flags, *bufs, 0.01, -128 if symmetric else 0, 127 if symmetric else 255, axis, per_row, symmetric)
+            for name, bufs in buffers.items()}
+        for a, e in zip(out["fakequant_emulated"], out["fakequant"], strict=True):
+            assert_same(a, e)
+        for a, e in zip(buffers["fakequant_emulated"], buffers["fakequant"], strict=True):
+            assert_same(a, e)

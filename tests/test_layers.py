@@ -24,7 +24,7 @@ LAYERS = [
     ("operators: the only user of torch.ops.fakequant", {"ops"}),
     ("descriptors and functions", {"tensor_quant"}),
     ("calibration statistics", {"calib"}),
-    ("quantizers and quantized modules", {"nn"}),
+    ("quantizers and quantized modules; torch.ao / torchao drop-in modules", {"nn", "ao"}),
     ("model level", {"quant_modules", "utils", "optim"}),
     ("ONNX export", {"onnx"}),
     ("the package and its command line", {"fakequant", "__main__"}),

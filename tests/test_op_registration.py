@@ -53,7 +53,19 @@ def opcheck_cases(device):
         (ops.fake_quantize_lsq, (xt, s1, z1, None, 0, 255, 1.0)),
         (ops.fake_quantize_lsq_backward, (torch.randn(4, 3, 5, 6, device=device), x.detach(), s3, z3, 1, -8, 7, 0.25)),
         (ops.fake_quantize_lsq_backward, (torch.randn(6, 5, device=device).t(), xt.detach(), s1, z1, None, 0, 255, 1.0)),
+        # torch's fused observer (its autograd is an autograd.Function: the op mutates its buffers)
+        (ops.fused_moving_avg_obs_fake_quant, (x.detach(), torch.tensor([1], device=device),
+                                               torch.tensor([1], device=device), *_fused_buffers(device, 1),
+                                               0.01, 0, 255, 0, False, False)),
+        (ops.fused_moving_avg_obs_fake_quant, (xcl.detach(), torch.tensor([1], device=device),
+                                               torch.tensor([0], device=device), *_fused_buffers(device, 3),
+                                               0.01, -128, 127, 1, True, True)),
     ]
+
+
+def _fused_buffers(device, n):
+    return (torch.full((n,), float("inf"), device=device), torch.full((n,), float("-inf"), device=device),
+            torch.ones(n, device=device), torch.zeros(n, dtype=torch.int32, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

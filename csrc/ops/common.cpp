@@ -6,6 +6,7 @@ namespace fakequant {
 KernelSlot<QuantizeFn> quantize_stub("quantize");
 KernelSlot<BlockwiseFn> blockwise_stub("blockwise");
 KernelSlot<LsqBackwardFn> lsq_backward_stub("lsq_backward");
+KernelSlot<ObserverFn> observer_stub("observer");
 KernelSlot<MaskBackwardFn> mask_backward_stub("mask_backward");
 KernelSlot<CapturingFn> capturing_stub("stream capture query");
 

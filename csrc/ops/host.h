@@ -86,5 +86,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quantize_lsq_backward(
     const at::Tensor& zero_point, std::optional<int64_t> axis, int64_t quant_min,
     int64_t quant_max, double grad_factor);
 at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask);
+std::tuple<at::Tensor, at::Tensor> fused_moving_avg_obs_fake_quant(
+    const at::Tensor& input, const at::Tensor& observer_on, const at::Tensor& fake_quant_on,
+    at::Tensor& running_min, at::Tensor& running_max, at::Tensor& scale, at::Tensor& zero_point,
+    double averaging_const, int64_t quant_min, int64_t quant_max, int64_t ch_axis,
+    bool per_row_fake_quant, bool symmetric_quant);
 
 }  // namespace fakequant

@@ -18,6 +18,7 @@ void register_host_functions(torch::Library& m) {
   m.impl("fake_quantize_lsq", &fake_quantize_lsq);
   m.impl("fake_quantize_lsq_backward", &fake_quantize_lsq_backward);
   m.impl("mask_backward", &mask_backward);
+  m.impl("fused_moving_avg_obs_fake_quant", &fused_moving_avg_obs_fake_quant);
 }
 
 }  // namespace

@@ -211,6 +211,46 @@ inline AffineArgs check_lsq_backward_args(const at::Tensor& grad, const at::Tens
   return args;
 }
 
+// --- fused_moving_avg_obs_fake_quant ---
+// The buffers' dtypes and devices, the flags, the range; returns the channel axis
+// (per_row_fake_quant) wrapped into input's dimensions, or nullopt (per tensor).
+inline std::optional<int64_t> check_fused_obs_args(
+    const at::Tensor& input, const at::Tensor& observer_on, const at::Tensor& fake_quant_on,
+    const at::Tensor& running_min, const at::Tensor& running_max, const at::Tensor& scale,
+    const at::Tensor& zero_point, double averaging_const, int64_t quant_min, int64_t quant_max,
+    int64_t ch_axis, bool per_row_fake_quant) {
+  check_input(input);
+  const std::pair<const at::Tensor*, const char*> buffers[] = {
+      {&observer_on, "observer_on"}, {&fake_quant_on, "fake_quant_on"},
+      {&running_min, "running_min"}, {&running_max, "running_max"},
+      {&scale, "scale"},             {&zero_point, "zero_point"}};
+  for (const auto& [t, name] : buffers) {
+    TORCH_CHECK_VALUE(t->device() == input.device(), "fakequant: ", name, " is on ", t->device(),
+                      " but input is on ", input.device(), "; both must be on the same device");
+  }
+  for (const auto& [t, name] : {buffers[0], buffers[1]}) {
+    TORCH_CHECK_VALUE(t->numel() == 1, "fakequant: ", name, " must have one element, got ",
+                      t->numel());
+    TORCH_CHECK_TYPE(t->scalar_type() != at::kComplexFloat && t->scalar_type() != at::kComplexDouble,
+                     "fakequant: ", name, " must be a real or bool tensor, got ", t->scalar_type());
+  }
+  for (const auto& [t, name] : {buffers[2], buffers[3], buffers[4]}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, "fakequant: ", name,
+                     " must be a float32 tensor, got ", t->scalar_type());
+  }
+  TORCH_CHECK_TYPE(zero_point.scalar_type() == at::kInt,
+                   "fakequant: zero_point must be an int32 tensor, got ", zero_point.scalar_type());
+  TORCH_CHECK_VALUE(quant_min < quant_max, "fakequant: quant_min (", quant_min,
+                    ") must be < quant_max (", quant_max, ")");
+  check_quant_range(quant_min, quant_max);
+  TORCH_CHECK_VALUE(averaging_const >= 0.0 && averaging_const <= 1.0,
+                    "fakequant: averaging_const must be in [0, 1], got ", averaging_const);
+  if (!per_row_fake_quant) return std::nullopt;
+  TORCH_CHECK_VALUE(input.dim() > 0, "fakequant: per_row_fake_quant needs an input with at least "
+                    "one dimension, got a 0-dimensional one");
+  return wrap_axis(ch_axis, input);
+}
+
 // --- block-wise ---
 
 

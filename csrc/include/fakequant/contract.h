@@ -480,6 +480,102 @@ C10_HOST_DEVICE inline float lsq_grad_zero_point(double grad_factor, float scale
   return to_float_rn(mul_rn(grad_factor, mul_rn(-static_cast<double>(scale), sum_z)));
 }
 
+// --- the moving-average min/max observer (fused_moving_avg_obs_fake_quant) -----------------------
+// torch's rules, float for float as torch computes them: the running statistic
+// starts at the first batch's (while it is infinite) and then moves toward each
+// batch's by averaging_const; the scale and zero point come from the running
+// [min, max] widened to hold 0, as ChooseQuantizationParams (fbgemm, the
+// fused op's CPU path) chooses them, symmetric = its preserve_sparsity.
+
+C10_HOST_DEVICE inline float moving_average(float running, float current, float averaging_const) {
+  const bool first = (running == INFINITY) | (running == -INFINITY);
+  return first ? current : add_rn(running, mul_rn(averaging_const, sub_rn(current, running)));
+}
+
+// Below this a chosen scale is raised to it, the range widened to match (torch's
+// SMALL_SCALE_THRESHOLD, float16's smallest normal rounded).
+constexpr float kSmallScale = 6.1e-5f;
+
+struct MinMaxQParams {
+  float scale;
+  int32_t zero_point;
+};
+
+// NaN in min or max gives a NaN scale (torch raises there: a value check needing
+// a sync); the quantize rule turns it into NaN outputs and mask 0.
+C10_HOST_DEVICE inline MinMaxQParams min_max_qparams(float min, float max, int64_t quant_min,
+                                                     int64_t quant_max, bool symmetric) {
+  const int64_t qmin = quant_min, qmax = quant_max;
+  if (min < 0.0f && max > 0.0f && symmetric) {
+    const int64_t sym_qmin = -((qmax - qmin) / 2 + 1);
+    const int64_t sym_qmax = (qmax - qmin) / 2;
+    const float a = abs_value(div_rn(min, static_cast<float>(sym_qmin)));
+    const float b = abs_value(div_rn(max, static_cast<float>(sym_qmax)));
+    const double max_scale = static_cast<double>(a < b ? b : a);
+    min = static_cast<float>(mul_rn(max_scale, static_cast<double>(sym_qmin)));
+    max = static_cast<float>(mul_rn(max_scale, static_cast<double>(sym_qmax)));
+  }
+  min = 0.0f < min ? 0.0f : min;  // NaN stays
+  max = max < 0.0f ? 0.0f : max;
+  double scale = div_rn(sub_rn(static_cast<double>(max), static_cast<double>(min)),
+                        static_cast<double>(qmax - qmin));
+  const float scale32 = static_cast<float>(scale);
+  const float inverse = div_rn(1.0f, scale32);
+  if (scale32 == 0.0f || inverse == INFINITY || inverse == -INFINITY) scale = 0.1;
+  if (scale < static_cast<double>(kSmallScale)) {
+    const float original = static_cast<float>(scale);
+    scale = kSmallScale;
+    const float width = static_cast<float>(qmax - qmin);
+    if (min == 0.0f) {
+      max = mul_rn(kSmallScale, width);
+    } else if (max == 0.0f) {
+      min = mul_rn(-kSmallScale, width);
+    } else {
+      const float amplifier = div_rn(kSmallScale, original);
+      min = mul_rn(min, amplifier);
+      max = mul_rn(max, amplifier);
+    }
+  }
+  const double from_min = sub_rn(static_cast<double>(qmin), div_rn(static_cast<double>(min), scale));
+  const double from_max = sub_rn(static_cast<double>(qmax), div_rn(static_cast<double>(max), scale));
+  const double error_min = sub_rn(static_cast<double>(qmin < 0 ? -qmin : qmin),
+                                  abs_value(div_rn(static_cast<double>(min), scale)));
+  const double error_max = sub_rn(static_cast<double>(qmax < 0 ? -qmax : qmax),
+                                  abs_value(div_rn(static_cast<double>(max), scale)));
+  double zero_point = error_min < error_max ? from_min : from_max;
+  if (min < 0.0f && max > 0.0f && symmetric) {
+    zero_point = div_rn(static_cast<double>(qmin + qmax), 2.0);
+  }
+  int32_t nudged = 0;
+  if (zero_point < static_cast<double>(qmin)) {
+    nudged = static_cast<int32_t>(qmin);
+  } else if (zero_point > static_cast<double>(qmax)) {
+    nudged = static_cast<int32_t>(qmax);
+  } else if (zero_point == zero_point) {
+    nudged = static_cast<int32_t>(round_half_even(zero_point));
+  }
+  return MinMaxQParams{static_cast<float>(scale), nudged};
+}
+
+// Channel i of the fused observer: the running range moved toward the batch's
+// (where observe; x_min/x_max may then be null), then the qparams chosen from it
+// (where quantize), as torch's fused op updates its buffers.
+C10_HOST_DEVICE inline void observe_channel(int64_t i, const float* x_min, const float* x_max,
+                                            float* running_min, float* running_max, float* scale,
+                                            int32_t* zero_point, bool observe, bool quantize,
+                                            float averaging_const, int64_t quant_min,
+                                            int64_t quant_max, bool symmetric) {
+  if (observe) {
+    running_min[i] = moving_average(running_min[i], x_min[i], averaging_const);
+    running_max[i] = moving_average(running_max[i], x_max[i], averaging_const);
+  }
+  if (quantize) {
+    const MinMaxQParams q = min_max_qparams(running_min[i], running_max[i], quant_min, quant_max, symmetric);
+    scale[i] = q.scale;
+    zero_point[i] = q.zero_point;
+  }
+}
+
 // --- backward and mask layout -----------------------------------------------------------------
 
 // grad where m (0 or 1), else +0: selected on bit patterns (grad & -m), so that a

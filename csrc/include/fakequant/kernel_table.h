@@ -56,11 +56,27 @@ struct LsqBackwardJob {
   double grad_factor = 1.0;
 };
 
+// fused_moving_avg_obs_fake_quant's observer, per channel i < num_channels (1 per
+// tensor): where *observer_on, running_min/max[i] move toward the batch's
+// x_min/x_max[i]; then where *fake_quant_on, scale[i] and zero_point[i] are chosen
+// from the running range. running_min/max, x_min/x_max, scale float32 and
+// zero_point int32, all contiguous; the flags are read on the device.
+struct ObserverJob {
+  at::Tensor x_min, x_max, running_min, running_max, scale, zero_point;
+  ParamPtr observer_on{nullptr, ParamType::kFloat};
+  ParamPtr fake_quant_on{nullptr, ParamType::kFloat};
+  int64_t num_channels = 1;
+  float averaging_const = 0.01f;
+  int64_t quant_min = 0, quant_max = 255;
+  bool symmetric = false;
+};
+
 // --- the slots ---------------------------------------------------------------------------------------
 
 using QuantizeFn = void(const QuantizeJob&);
 using BlockwiseFn = void(const BlockwiseJob&);
 using LsqBackwardFn = void(const LsqBackwardJob&);
+using ObserverFn = void(const ObserverJob&);
 // out = grad where mask else +0; grad and out dense with one layout, mask packed
 // (contiguous) or bool (with grad's strides).
 using MaskBackwardFn = void(const at::Tensor& grad, const at::Tensor& mask, at::Tensor& out);
@@ -100,6 +116,7 @@ class KernelSlot {
 extern KernelSlot<QuantizeFn> quantize_stub;
 extern KernelSlot<BlockwiseFn> blockwise_stub;
 extern KernelSlot<LsqBackwardFn> lsq_backward_stub;
+extern KernelSlot<ObserverFn> observer_stub;
 extern KernelSlot<MaskBackwardFn> mask_backward_stub;
 extern KernelSlot<CapturingFn> capturing_stub;
 

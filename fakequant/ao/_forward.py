@@ -1,0 +1,79 @@
+"""The forwards of fakequant's fake-quant modules, shared by the torch.ao family
+(:mod:`fakequant.ao`) and the torchao PT2E family (:mod:`fakequant.ao.pt2e`): each is a
+mixin placed before the framework's class, whose constructor, buffers, ``with_args``,
+``calculate_qparams`` and state_dict it keeps; only the arithmetic moves to fakequant's
+operators."""
+import torch
+
+from .. import ops
+
+_SYMMETRIC = (torch.per_tensor_symmetric, torch.per_channel_symmetric)
+_PER_CHANNEL = (torch.per_channel_symmetric, torch.per_channel_affine, torch.per_channel_affine_float_qparams)
+
+
+class FakeQuantizeForward:
+    """Observer (any), then fake quantization with its scale and zero point."""
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        observer = self.activation_post_process
+        if self.observer_enabled[0] == 1:
+            observer(X.detach())
+            scale, zero_point = self.calculate_qparams()
+            scale, zero_point = scale.to(self.scale.device), zero_point.to(self.zero_point.device)
+            if self.scale.shape != scale.shape:  # per-channel buffers start with one element
+                self.scale.resize_(scale.shape)
+                self.zero_point.resize_(zero_point.shape)
+            self.scale.copy_(scale)
+            self.zero_point.copy_(zero_point)
+        if self.fake_quant_enabled[0] == 1:
+            axis = self.ch_axis if self.is_per_channel else None
+            X = ops.fake_quantize_affine(X, self.scale, self.zero_point, axis, observer.quant_min, observer.quant_max)
+        return X
+
+
+class FusedForward:
+    """The moving-average min/max observer and fake quantization as one operator."""
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        observer = self.activation_post_process
+        return ops.fused_moving_avg_obs_fake_quant(
+            X, self.observer_enabled, self.fake_quant_enabled, observer.min_val, observer.max_val, self.scale,
+            self.zero_point, observer.averaging_constant, observer.quant_min, observer.quant_max, self.ch_axis,
+            self.is_per_channel, self.is_symmetric_quant)
+
+
+class LearnableForward:
+    """LSQ+: scale and zero point are parameters; the gradients of both times
+    ``1 / sqrt(numel * quant_max)`` with ``use_grad_scaling``. Each family initialises
+    them from its observer in its own way (``_observe``), then fake-quantizes here."""
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        self._observe(X)
+        if self.fake_quant_enabled[0] == 1:
+            if self.qscheme in _SYMMETRIC:
+                self.zero_point.data.zero_()
+            grad_factor = 1.0 / (X.numel() * self.quant_max) ** 0.5 if self.use_grad_scaling else 1.0
+            if self.qscheme in _PER_CHANNEL:
+                X = ops._fake_quantize_learnable_per_channel_affine(
+                    X, self.scale, self.zero_point, self.ch_axis, self.quant_min, self.quant_max, grad_factor)
+            else:
+                X = ops._fake_quantize_learnable_per_tensor_affine(
+                    X, self.scale, self.zero_point, self.quant_min, self.quant_max, grad_factor)
+        return X
+
+
+def swap_classes(wrapper, mapping):
+    """A ``with_args`` constructor of ``mapping``'s replacement for the class ``wrapper``
+    builds, with the same arguments; ``wrapper`` itself when its class has none (an
+    observer, say) or when it is no ``with_args`` wrapper or class."""
+    if isinstance(wrapper, type):
+        return mapping.get(wrapper, wrapper)
+    partial = getattr(wrapper, "p", None)
+    cls = getattr(partial, "func", None)
+    if cls not in mapping or partial.args:
+        return wrapper
+    swapped = mapping[cls].with_args(**partial.keywords)
+    callable_args = getattr(wrapper, "callable_args", None)
+    if callable_args:
+        swapped = swapped.with_callable_args(**callable_args)
+    return swapped
