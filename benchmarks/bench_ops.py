@@ -41,9 +41,11 @@ over 32 MiB afresh each time). ``--thp`` reruns with PyTorch's
 which removes most of that cost for every op.
 
 ``--overhead`` times what a call costs where the dispatcher, not memory,
-dominates: forward with an input that does not require grad, with one that
-does, under ``torch.inference_mode()``, and forward+backward, for ``clone``,
-torch's op, fakequant's Python function and its ``torch.ops`` operator.
+dominates (2^10 to 2^14 elements): forward with an input that does not require
+grad, under ``torch.inference_mode()``, with an input that requires grad, and
+forward+backward, for fakequant's affine (per tensor with Python numbers and
+with tensors, per channel) and amax calls (tensor amax and Python number)
+against torch's op with the same kind of parameters, and ``clone``.
 """
 import argparse
 import json
@@ -337,60 +339,85 @@ def run(numel, device, rounds=None, reps=1, dtype=torch.float32, ops=OPS, modes=
 
 # --- per-call overhead at small sizes -----------------------------------------
 
+# Passes timed per call: an input without grad, under inference_mode (no autograd
+# kernel at all), an input requiring grad, and forward+backward.
+PER_CALL_PASSES = ("fwd, input without grad", "fwd, inference_mode", "fwd, input requires grad", "fwd+bwd")
+# The passes whose target is fakequant at or below torch's op (inference_mode is shown only).
+PER_CALL_TARGET_PASSES = ("fwd, input without grad", "fwd, input requires grad", "fwd+bwd")
+PER_CALL_CHANNELS = 16  # the input is (16, numel / 16): per-channel ops quantize along dim 0
+
+
+def per_call_pairs(device):
+    """{comparison: (fakequant's call, torch's call)}, each taking the input. torch has no
+    amax op: fakequant's amax rows compare with torch's per-tensor op with the same kind of
+    parameters (amax 2.54 is scale 0.02 on int8's 127 steps)."""
+    c = PER_CALL_CHANNELS
+    s, z = torch.tensor(0.02, device=device), torch.tensor(0, dtype=torch.int32, device=device)
+    sc = torch.full((c,), 0.02, device=device)
+    zc = torch.zeros(c, dtype=torch.int32, device=device)
+    amax = torch.tensor(2.54, device=device)
+    return {
+        "affine per-tensor, Python numbers": (
+            lambda t: fakequant.fake_quantize_per_tensor_affine(t, 0.02, 0, -128, 127),
+            lambda t: torch.fake_quantize_per_tensor_affine(t, 0.02, 0, -128, 127)),
+        "affine per-tensor, tensors": (
+            lambda t: fakequant.fake_quantize_per_tensor_affine(t, s, z, -128, 127),
+            lambda t: torch.fake_quantize_per_tensor_affine(t, s, z, -128, 127)),
+        "affine per-channel, tensors": (
+            lambda t: fakequant.fake_quantize_per_channel_affine(t, sc, zc, 0, -128, 127),
+            lambda t: torch.fake_quantize_per_channel_affine(t, sc, zc, 0, -128, 127)),
+        "amax per-tensor, tensor amax": (
+            lambda t: fakequant.fake_quantize_amax(t, amax),
+            lambda t: torch.fake_quantize_per_tensor_affine(t, s, z, -127, 127)),
+        "amax per-tensor, Python number": (
+            lambda t: fakequant.fake_quantize_amax(t, 2.54),
+            lambda t: torch.fake_quantize_per_tensor_affine(t, 0.02, 0, -127, 127)),
+    }
+
 
 def overhead(device, sizes, rounds=15, min_sample_s=0.005, progress=None):
-    """Microseconds per call at sizes where the dispatcher, not memory, dominates.
-
-    Groups: forward of an input without grad, forward under inference_mode
-    (no autograd kernel at all), forward of an input that requires grad, and
-    forward+backward. Within a group the candidates are interleaved."""
-    ops = torch.ops.fakequant
+    """Microseconds per call at sizes where the dispatcher, not memory, dominates:
+    fakequant's calls against torch's op (per_call_pairs) and clone, in each of
+    PER_CALL_PASSES. Within a pass every candidate is interleaved with the others."""
     rows = []
+    pairs = per_call_pairs(device)
     for numel in sizes:
         torch.manual_seed(0)
-        x = torch.randn(numel, device=device)
-        g = torch.randn(numel, device=device)
+        x = torch.randn(PER_CALL_CHANNELS, numel // PER_CALL_CHANNELS, device=device)
+        g = torch.randn_like(x)
         xr = x.detach().requires_grad_()
-        amax = torch.tensor(2.5, device=device)
-        s, z = torch.tensor(0.02, device=device), torch.tensor(0, dtype=torch.int32, device=device)
-        amax_pq = amax
-        fq_numbers = lambda t: fakequant.fake_quantize_per_tensor_affine(t, 0.02, 0, -128, 127)  # noqa: E731
-        fq_tensors = lambda t: fakequant.fake_quantize_per_tensor_affine(t, s, z, -128, 127)  # noqa: E731
-        fq_amax = lambda t: fakequant.fake_quantize_amax(t, amax)  # noqa: E731
-        fq_op = lambda t: ops.fake_quantize_amax.default(t, amax, 8, False, True)[0]  # noqa: E731
-        th = lambda t: torch.fake_quantize_per_tensor_affine(t, 0.02, 0, -128, 127)  # noqa: E731
-        th_tensors = lambda t: torch.fake_quantize_per_tensor_affine(t, s, z, -128, 127)  # noqa: E731
-        pq = lambda t: _PQFakeTensorQuant.apply(t, amax_pq)  # noqa: E731
-        clone = lambda t: t.clone()  # noqa: E731
-        fwd = {
-            "clone": clone,
-            "torch (Python numbers)": th,
-            "torch (tensor scale, zero point)": th_tensors,
-            "fakequant affine (Python numbers)": fq_numbers,
-            "fakequant affine (tensor scale, zero point)": fq_tensors,
-            "fakequant amax (tensor amax)": fq_amax,
-            "torch.ops.fakequant.fake_quantize_amax": fq_op,
-            "pq-python": pq,
-        }
-        groups = {
-            "fwd, input without grad": ({k: (lambda f=f: f(x)) for k, f in fwd.items()}, False),
-            "fwd, inference_mode": ({k: (lambda f=f: f(x)) for k, f in fwd.items()}, True),
-            "fwd, input requires grad": ({k: (lambda f=f: f(xr)) for k, f in fwd.items()}, False),
-            "fwd+bwd": ({k: forward_backward(f, x, g) for k, f in fwd.items()}, False),
-        }
-        for group, (fns, inference) in groups.items():
-            if inference:
-                with torch.inference_mode():
-                    times = time_interleaved(fns, device, rounds, warmup=20, min_sample_s=min_sample_s)
+        fns = {("clone", "clone"): lambda t: t.clone()}
+        for name, (fq, th) in pairs.items():
+            fns[(name, "fakequant")], fns[(name, "torch")] = fq, th
+        for group in PER_CALL_PASSES:
+            if group == "fwd+bwd":
+                calls = {k: forward_backward(f, x, g) for k, f in fns.items()}
             else:
-                times = time_interleaved(fns, device, rounds, warmup=20, min_sample_s=min_sample_s)
-            for impl, t in times.items():
-                rows.append(dict(device=str(device), numel=numel, group=group, impl=impl, us=t * 1e6,
-                                 vs_clone=t / times["clone"],
-                                 vs_torch=t / times["torch (Python numbers)"]))
+                t = xr if group == "fwd, input requires grad" else x
+                calls = {k: (lambda f=f, t=t: f(t)) for k, f in fns.items()}
+            if group == "fwd, inference_mode":
+                with torch.inference_mode():
+                    times = time_interleaved(calls, device, rounds, warmup=20, min_sample_s=min_sample_s)
+            else:
+                times = time_interleaved(calls, device, rounds, warmup=20, min_sample_s=min_sample_s)
+            for (name, impl), t in times.items():
+                rows.append(dict(device=str(device), numel=numel, group=group, comparison=name, impl=impl,
+                                 us=t * 1e6, vs_clone=t / times[("clone", "clone")],
+                                 vs_torch=None if impl != "fakequant" else t / times[(name, "torch")]))
             if progress is not None:
                 progress.update(1)
     return rows
+
+
+def per_call_worst(rows, device="cpu"):
+    """{comparison: (worst fakequant / torch over the sizes and PER_CALL_TARGET_PASSES,
+    where it was)}."""
+    worst = {}
+    for r in rows:
+        if r["device"] == device and r["impl"] == "fakequant" and r["group"] in PER_CALL_TARGET_PASSES:
+            if r["comparison"] not in worst or r["vs_torch"] > worst[r["comparison"]][0]:
+                worst[r["comparison"]] = (r["vs_torch"], f"{r['group']}, {size_label(r['numel'])}")
+    return worst
 
 
 # --- tables ------------------------------------------------------------------------
@@ -453,20 +480,32 @@ def format_sweep(rows, mode, dtype, device="cpu"):
 
 
 def format_overhead(rows, device="cpu"):
-    """Microseconds per call: a row per group and implementation, a column per size."""
+    """Microseconds per call: a row per comparison and pass, for each size fakequant's
+    time, torch's, and fakequant's over torch's."""
     rows = [r for r in rows if r["device"] == device]
     sizes = sorted({r["numel"] for r in rows})
-    lines = ["| call | implementation | " + " | ".join(f"{size_label(n)} us" for n in sizes)
-             + " | x clone | x torch |",
-             "|---|---|" + "---:|" * len(sizes) + "---:|---:|"]
-    groups = list(dict.fromkeys(r["group"] for r in rows))
-    for group in groups:
-        impls = list(dict.fromkeys(r["impl"] for r in rows if r["group"] == group))
-        for impl in impls:
-            cell = {r["numel"]: r for r in rows if r["group"] == group and r["impl"] == impl}
-            first = cell[sizes[0]]
-            lines.append(f"| {group} | {impl} | " + " | ".join(f"{cell[n]['us']:.1f}" for n in sizes)
-                         + f" | {first['vs_clone']:.1f} | {first['vs_torch']:.2f} |")
+    cell = {(r["comparison"], r["group"], r["impl"], r["numel"]): r for r in rows}
+    head = "| call | pass | " + " | ".join(f"{size_label(n)}: fq us | torch us | fq / torch" for n in sizes) + " |"
+    lines = [head, "|---|---|" + "---:|---:|---:|" * len(sizes)]
+    for group in PER_CALL_PASSES:
+        clone = [cell.get(("clone", group, "clone", n)) for n in sizes]
+        if any(c is None for c in clone):
+            continue
+        lines.append(f"| clone | {group} | " + " | ".join(f"{c['us']:.1f} | | " for c in clone) + " |")
+    comparisons = list(dict.fromkeys(r["comparison"] for r in rows if r["impl"] == "fakequant"))
+    for name in comparisons:
+        for group in PER_CALL_PASSES:
+            cells = []
+            for n in sizes:
+                fq, th = cell.get((name, group, "fakequant", n)), cell.get((name, group, "torch", n))
+                if fq is None or th is None:
+                    cells.append(" | | ")
+                    continue
+                ratio = f"{fq['vs_torch']:.2f}"
+                if group in PER_CALL_TARGET_PASSES and fq["vs_torch"] > 1:
+                    ratio = f"**{ratio}**"
+                cells.append(f"{fq['us']:.1f} | {th['us']:.1f} | {ratio}")
+            lines.append(f"| {name} | {group} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -527,11 +566,10 @@ def main():
         settle(device)
         if args.overhead:
             osizes = parse_sizes(args.overhead_sizes)
-            with tqdm(total=4 * len(osizes), desc=f"overhead {device}", disable=args.no_progress or None,
+            with tqdm(total=len(PER_CALL_PASSES) * len(osizes), desc=f"overhead {device}", disable=args.no_progress or None,
                       leave=False) as bar:
                 device_rows = overhead(device, osizes, rounds=args.rounds or 25, progress=bar)
-            print(f"Microseconds per call on {device} ({torch.get_num_threads()} threads); 'x clone' and "
-                  f"'x torch' at {size_label(osizes[0])}")
+            print(f"Microseconds per call on {device} ({torch.get_num_threads()} threads)")
             print(format_overhead(device_rows, str(device)))
             overhead_rows += device_rows
             continue

@@ -39,8 +39,10 @@ FAKEQUANT_LIBRARY(m) {
       "-> (Tensor output, Tensor mask)");
 
   // grad where mask else 0. `mask` is either packed (uint8, one bit per element
-  // of grad in memory order) or a bool tensor shaped like grad.
-  m.def("mask_backward(Tensor grad, Tensor mask) -> Tensor");
+  // of the output in memory order) or a bool tensor shaped like grad. The output
+  // is laid out with mask_strides (the forward output's strides, so that a packed
+  // mask's bits meet their elements whatever layout grad arrives in), or like grad.
+  m.def("mask_backward(Tensor grad, Tensor mask, SymInt[]? mask_strides=None) -> Tensor");
 
   // FP8 (E4M3 with exponent_bits=4, mantissa_bits=3; E5M2 with 5, 2):
   // y = fp8(clamp(x / scale, -max, max)) * scale with scale = amax / max

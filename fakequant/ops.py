@@ -31,6 +31,8 @@ from ._core import (
     AMAX_EPSILON,
     BLOCK_FLOAT_FORMATS,
     FP8_FORMATS,
+    MAX_NUM_BITS,
+    MIN_NUM_BITS,
     amax_bound,
     check_bool,
     check_float,
@@ -70,16 +72,63 @@ TensorOrNumber = Union[torch.Tensor, float, int]
 
 
 def _as_tensor(value: TensorOrNumber, like: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
-    """A tensor as is, or a Python number as a tensor on like's device."""
+    """A tensor as is, or a Python number as a new tensor on like's device."""
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    kind = type(value)
+    if kind is not float and kind is not int and (kind is bool or not isinstance(value, numbers.Real)):
         raise TypeError(f"fakequant: {name} must be a tensor or a number, got {type(value).__name__}")
     if not dtype.is_floating_point:  # zero points: integers within int32
         if not (math.isfinite(value) and value == int(value) and -(2**31) <= value < 2**31):
             raise ValueError(f"fakequant: {name} must be an integer in the int32 range, got {value!r}")
         value = int(value)
     return torch.tensor(value, dtype=dtype, device=like.device)
+
+
+class _Params:
+    """An operator's parameters (scale and zero point, amax, ...) as the tensors it takes:
+    tensors as they are, Python numbers made tensors once per (values, device) rather than
+    on every call (a tensor each, and on CUDA a host-to-device copy that a CUDA graph
+    cannot capture). The operators only read them. Each cache is emptied when it reaches
+    MAX_CACHED entries."""
+
+    MAX_CACHED = 1024
+
+    def __init__(self, *params):
+        self.params = params  # (name, dtype) each
+        self.cache = {}
+
+    def __call__(self, like: torch.Tensor, *values) -> Tuple[torch.Tensor, ...]:
+        key = None
+        # Not when traced, fake or under a dispatch mode: a tensor of that world instead.
+        if type(like) is torch.Tensor and not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack():
+            for v in values:
+                if type(v) is not float and type(v) is not int:
+                    break
+            else:
+                # (0.0 and -0.0 are one key: the rules treat them alike for every parameter)
+                key = values + (like.device,)
+                cached = self.cache.get(key)
+                if cached is not None:
+                    return cached
+        if key is None:
+            return tuple(_as_tensor(v, like, dtype, name) for v, (name, dtype) in zip(values, self.params))
+        # Normal tensors even under inference_mode: LSQ saves its scale for backward,
+        # which an inference tensor cannot be.
+        with torch.inference_mode(False):
+            made = tuple(_as_tensor(v, like, dtype, name) for v, (name, dtype) in zip(values, self.params))
+        if len(self.cache) >= self.MAX_CACHED:
+            self.cache.clear()
+        self.cache[key] = made
+        return made
+
+
+_SCALE_ZERO_POINT = _Params(("scale", torch.float32), ("zero_point", torch.int32))
+_SCALE = _Params(("scale", torch.float32))
+_ZERO_POINT = _Params(("zero_point", torch.int32))
+_AMAX = _Params(("amax", torch.float32))
+_SCALE_AMAX = _Params(("scale_amax", torch.float32))
+_MIN_MAX = _Params(("min_range", torch.float32), ("max_range", torch.float32))
 
 
 # --- fake kernels: shapes, dtypes and strides without computing -------------
@@ -141,70 +190,25 @@ def _(input, min_range, max_range, num_bits=8):
 
 
 @torch.library.register_fake("fakequant::mask_backward")
-def _(grad, mask):
+def _(grad, mask, mask_strides=None):
     _check_meta(grad, "grad", mask=mask)
-    return torch.empty_like(grad)
+    if mask_strides is None:
+        return torch.empty_like(grad)
+    return torch.empty_strided(grad.shape, mask_strides, dtype=grad.dtype, device=grad.device)
 
 
-# --- autograd: grad * mask, with the mask saved by the forward ---------------
-
-
-def _with_output_strides(grad: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
-    # A packed mask follows the forward output's memory order; an incoming
-    # gradient laid out otherwise (expanded from a sum, say) is laid out anew.
-    if tuple(grad.stride()) == tuple(stride):
-        return grad
-    return torch.empty_strided(grad.shape, stride, dtype=grad.dtype, device=grad.device).copy_(grad)
-
-
-def _save_mask(ctx, inputs, output):
-    y, mask = output
-    # The mask output has no gradient: do not allocate zeros for it (the
-    # backward takes None for either output).
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(mask)
-    ctx.output_stride = y.stride()
-    ctx.num_inputs = len(inputs)
+# --- autograd ------------------------------------------------------------------
+# The formulas are C++ (csrc/ops/autograd.cpp, under the Autograd key): the
+# gradient of every op returning (output, mask) is mask_backward(grad, mask,
+# output.stride()), mask_backward's own is itself, and LSQ's is
+# fake_quantize_lsq_backward's.
 
 
 def mask_grad(grad: torch.Tensor, mask: torch.Tensor, output_stride: Sequence[int]) -> torch.Tensor:
-    """The backward of an operator: ``grad`` where its ``mask`` is set, else 0.
-    ``output_stride`` is the stride of the operator's output, whose memory order
-    a packed mask follows."""
-    if mask.dtype == torch.uint8:
-        grad = _with_output_strides(grad, output_stride)
-    return _ops.mask_backward(grad, mask)
-
-
-def _backward_through_mask(ctx, grad_output, grad_mask):
-    (mask,) = ctx.saved_tensors
-    grad_input = None if grad_output is None else mask_grad(grad_output, mask, ctx.output_stride)
-    return (grad_input,) + (None,) * (ctx.num_inputs - 1)
-
-
-for _name in ("fake_quantize_affine", "fake_quantize_amax", "quantize_amax", "fake_quantize_min_max"):
-    torch.library.register_autograd(
-        f"fakequant::{_name}", _backward_through_mask, setup_context=_save_mask
-    )
-
-
-def _save_mask_of_backward(ctx, inputs, output):
-    grad, mask = inputs
-    ctx.save_for_backward(mask)
-    # A packed mask follows the memory order of the gradient it was applied to
-    # (the forward output's, see _backward_through_mask): the incoming gradient
-    # of the double backward is laid out the same way before the mask applies.
-    ctx.grad_stride = grad.stride()
-
-
-def _backward_of_mask_backward(ctx, grad):
-    (mask,) = ctx.saved_tensors
-    return mask_grad(grad, mask, ctx.grad_stride), None
-
-
-torch.library.register_autograd(
-    "fakequant::mask_backward", _backward_of_mask_backward, setup_context=_save_mask_of_backward
-)
+    """The backward of an operator: ``grad`` where its ``mask`` is set, else 0, laid
+    out with ``output_stride``, the stride of the operator's output, whose memory
+    order a packed mask follows."""
+    return _ops.mask_backward(grad, mask, list(output_stride))
 
 
 # --- public functions --------------------------------------------------------
@@ -229,12 +233,20 @@ def fake_quantize_affine(
     zero points are integers (int tensors or integral floats) in
     ``[quant_min, quant_max]``. Differentiable in ``input``.
     """
-    input = check_tensor(input, "input")
-    scale = _as_tensor(scale, input, torch.float32, "scale")
-    zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point")
-    axis = check_int(axis, "axis", optional=True)
-    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
-    return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max)[0]
+    return _affine(input, scale, zero_point, axis, quant_min, quant_max, True)[0]
+
+
+def _affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask):
+    """fake_quantize_affine's operator after the checks Python makes (the others are
+    C++'s). They run on every call: arguments of the usual types skip the checkers."""
+    if not (isinstance(input, torch.Tensor) and type(quant_min) is int and type(quant_max) is int
+            and (axis is None or type(axis) is int)):
+        input = check_tensor(input, "input")
+        axis = check_int(axis, "axis", optional=True)
+        quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
+    if not (isinstance(scale, torch.Tensor) and isinstance(zero_point, torch.Tensor)):
+        scale, zero_point = _SCALE_ZERO_POINT(input, scale, zero_point)
+    return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask)
 
 
 def fake_quantize_per_tensor_affine(
@@ -250,7 +262,7 @@ def fake_quantize_per_tensor_affine(
     so it can differ from torch's (which multiplies by ``1 / scale``) by one
     step where ``x / scale`` is within rounding of a tie.
     """
-    return fake_quantize_affine(input, scale, zero_point, None, quant_min, quant_max)
+    return _affine(input, scale, zero_point, None, quant_min, quant_max, True)[0]
 
 
 def fake_quantize_per_channel_affine(
@@ -266,7 +278,9 @@ def fake_quantize_per_channel_affine(
     Zero points must be integers (torch also takes fractional float zero
     points, which no integer QDQ graph can represent).
     """
-    return fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max)
+    if axis is None:  # torch's op takes an axis; None would be per tensor here
+        raise TypeError("fakequant: axis must be an int, got None")
+    return _affine(input, scale, zero_point, axis, quant_min, quant_max, True)[0]
 
 
 def fake_quantize_per_tensor_affine_cachemask(
@@ -280,11 +294,7 @@ def fake_quantize_per_tensor_affine_cachemask(
     the mask a bool tensor shaped like ``output`` (True where ``rint(x / scale) + zero_point``
     lies in ``[quant_min, quant_max]``). ``output`` is differentiable in ``input`` (gradient
     where the mask is set); scale and zero point may be numbers or one-element tensors."""
-    input = check_tensor(input, "input")
-    scale = _as_tensor(scale, input, torch.float32, "scale")
-    zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point")
-    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
-    return _ops.fake_quantize_affine(input, scale, zero_point, None, quant_min, quant_max, False)
+    return _affine(input, scale, zero_point, None, quant_min, quant_max, False)
 
 
 def fake_quantize_per_channel_affine_cachemask(
@@ -364,11 +374,7 @@ def fake_quant(
     """ONNX Runtime's training ``FakeQuant`` contract: ``(y, mask)`` with a bool
     mask shaped like ``y`` (True where ``rint(x / scale) + zero_point`` lies in
     range). Pair with :func:`fake_quant_grad`."""
-    x = check_tensor(x, "x")
-    scale = _as_tensor(scale, x, torch.float32, "scale")
-    zero_point = _as_tensor(zero_point, x, torch.int32, "zero_point")
-    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
-    return _ops.fake_quantize_affine(x, scale, zero_point, None, quant_min, quant_max, False)
+    return _affine(check_tensor(x, "x"), scale, zero_point, None, quant_min, quant_max, False)
 
 
 def fake_quant_grad(dy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -405,6 +411,19 @@ class _FakeQuantizeAmaxPassThrough(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+def _amax_args(input, amax, num_bits, check_values):
+    """The amax family's arguments after the checks Python makes (the others are C++'s);
+    arguments of the usual types skip the checkers."""
+    if not (isinstance(input, torch.Tensor) and type(num_bits) is int and MIN_NUM_BITS <= num_bits <= MAX_NUM_BITS
+            and (check_values is True or check_values is False)):
+        input = check_tensor(input, "input")
+        num_bits = check_integer_num_bits(num_bits)
+        check_values = check_bool(check_values, "check_values")
+    if not isinstance(amax, torch.Tensor):
+        (amax,) = _AMAX(input, amax)
+    return input, amax, num_bits, check_values
+
+
 def fake_quantize_amax(
     input: torch.Tensor,
     amax: TensorOrNumber,
@@ -426,15 +445,13 @@ def fake_quantize_amax(
     ``check_values=False``: ``amax`` was computed by fakequant from the input, not
     given: not checked, NaN/inf in it give NaN outputs (see the module docstring).
     """
-    input = check_tensor(input, "input")
-    amax = _as_tensor(amax, input, torch.float32, "amax")
-    num_bits = check_integer_num_bits(num_bits)
-    check_values = check_bool(check_values, "check_values")
+    input, amax, num_bits, check_values = _amax_args(input, amax, num_bits, check_values)
     if pass_through:
         if return_mask:
             raise ValueError("fakequant: return_mask=True has no mask to return with pass_through=True")
         return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range, check_values)
-    return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values), return_mask)
+    result = _ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
+    return result if return_mask else result[0]
 
 
 def quantize_amax(
@@ -452,10 +469,7 @@ def quantize_amax(
     ``amax <= 2^-24``), so that ``output / scale`` dequantizes; and the packed
     mask third with ``return_mask=True``. ``check_values`` as in
     :func:`fake_quantize_amax`."""
-    input = check_tensor(input, "input")
-    amax = _as_tensor(amax, input, torch.float32, "amax")
-    num_bits = check_integer_num_bits(num_bits)
-    check_values = check_bool(check_values, "check_values")
+    input, amax, num_bits, check_values = _amax_args(input, amax, num_bits, check_values)
     output, mask = _ops.quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
     amax32 = amax.float()
     bound = float(amax_bound(num_bits, unsigned))
@@ -475,8 +489,7 @@ def fake_quantize_min_max(
     ``[min_range, max_range]`` on ``2^num_bits`` levels. The gradient passes
     where ``min_range <= x <= max_range``. ``return_mask=True`` returns ``(output, packed mask)``."""
     input = check_tensor(input, "input")
-    min_range = _as_tensor(min_range, input, torch.float32, "min_range")
-    max_range = _as_tensor(max_range, input, torch.float32, "max_range")
+    min_range, max_range = _MIN_MAX(input, min_range, max_range)
     num_bits = check_integer_num_bits(num_bits)
     return _first(_ops.fake_quantize_min_max(input, min_range, max_range, num_bits), return_mask)
 
@@ -495,11 +508,6 @@ def _(input, amax, exponent_bits=4, mantissa_bits=3, check_values=True):
     check_fp8_format(exponent_bits, mantissa_bits)
     y = torch.empty_like(input)
     return y, _new_mask(y)
-
-
-torch.library.register_autograd(
-    "fakequant::fake_quantize_fp8", _backward_through_mask, setup_context=_save_mask
-)
 
 
 def fake_quantize_fp8(
@@ -522,7 +530,7 @@ def fake_quantize_fp8(
     ``check_values`` as in :func:`fake_quantize_amax`.
     """
     input = check_tensor(input, "input")
-    amax = _as_tensor(amax, input, torch.float32, "amax")
+    (amax,) = _AMAX(input, amax)
     exponent_bits, mantissa_bits = check_fp8_format(exponent_bits, mantissa_bits)
     check_values = check_bool(check_values, "check_values")
     return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values), return_mask)
@@ -587,11 +595,6 @@ def _(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent
     return y, _new_mask(y)
 
 
-torch.library.register_autograd(
-    "fakequant::fake_quantize_blockwise", _backward_through_mask, setup_context=_save_mask
-)
-
-
 def fake_quantize_blockwise(
     input: torch.Tensor,
     block_size: int,
@@ -633,7 +636,7 @@ def fake_quantize_blockwise(
     axis = check_int(axis, "axis")
     check_values = check_bool(check_values, "check_values")
     if scale_amax is not None:
-        scale_amax = _as_tensor(scale_amax, input, torch.float32, "scale_amax")
+        (scale_amax,) = _SCALE_AMAX(input, scale_amax)
     nd = max(input.dim(), 1)
     if not -nd <= axis < nd:
         raise IndexError(f"fakequant: axis {axis} is out of range for input with {input.dim()} dimensions")
@@ -683,31 +686,6 @@ def _(grad, input, scale, zero_point, axis, quant_min, quant_max, grad_factor):
     return torch.empty_like(input), grad_scale, grad_zero_point
 
 
-def _lsq_setup_context(ctx, inputs, output):
-    input, scale, zero_point, axis, quant_min, quant_max, grad_factor = inputs
-    ctx.save_for_backward(input, scale, zero_point)
-    ctx.args = (axis, quant_min, quant_max, grad_factor)
-
-
-def _lsq_backward(ctx, grad):
-    input, scale, zero_point = ctx.saved_tensors
-    grad_input, grad_scale, grad_zero_point = _ops.fake_quantize_lsq_backward(grad, input, scale, zero_point, *ctx.args)
-    if not ctx.needs_input_grad[0]:
-        grad_input = None
-    if ctx.needs_input_grad[1]:
-        grad_scale = grad_scale.to(scale.dtype)
-    else:
-        grad_scale = None
-    if ctx.needs_input_grad[2] and zero_point.is_floating_point():
-        grad_zero_point = grad_zero_point.to(zero_point.dtype)
-    else:
-        grad_zero_point = None
-    return grad_input, grad_scale, grad_zero_point, None, None, None, None
-
-
-torch.library.register_autograd("fakequant::fake_quantize_lsq", _lsq_backward, setup_context=_lsq_setup_context)
-
-
 def fake_quantize_lsq(
     input: torch.Tensor,
     scale: TensorOrNumber,
@@ -732,7 +710,7 @@ def fake_quantize_lsq(
     given.
     """
     input = check_tensor(input, "input")
-    scale = _as_tensor(scale, input, torch.float32, "scale")
+    (scale,) = _SCALE(input, scale)
     axis = check_int(axis, "axis", optional=True)
     quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
     if isinstance(zero_point, torch.Tensor) and zero_point.is_floating_point():
@@ -742,7 +720,7 @@ def fake_quantize_lsq(
     elif isinstance(zero_point, torch.Tensor):
         zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point")
     else:  # a number: one zero point for every channel of scale
-        zero_point = _as_tensor(zero_point, input, torch.int32, "zero_point").expand(scale.shape)
+        zero_point = _ZERO_POINT(input, zero_point)[0].expand(scale.shape)
     if grad_factor is None:
         n = input.numel()
         if axis is not None and -input.dim() <= axis < input.dim() and input.size(axis) > 0:

@@ -38,6 +38,9 @@ def opcheck_cases(device):
         (ops.fake_quantize_min_max, (xt, lo, hi, 8)),
         (ops.mask_backward, (torch.randn(4, 3, 5, 6, device=device, requires_grad=True), packed)),
         (ops.mask_backward, (torch.randn(3, 4, device=device, requires_grad=True), torch.rand(3, 4, device=device) > 0.5)),
+        # a contiguous gradient for a channels_last output: laid out as the output, bits in its order
+        (ops.mask_backward, (torch.randn(4, 3, 5, 6, device=device, requires_grad=True),
+                             ops.fake_quantize_amax(xcl.detach(), amax, 8, False, True)[1], list(xcl.stride()))),
         # FP8 cases (FP8 work adds here)
         (ops.fake_quantize_fp8, (x, amax, 4, 3)),
         (ops.fake_quantize_fp8, (xcl, amax_c, 5, 2)),

@@ -13,9 +13,9 @@ std::tuple<at::Tensor, at::Tensor> quantize_affine_family(const at::Tensor& inpu
                                           int64_t quant_max, MaskOut mask_out) {
   const AffineArgs args = check_affine_args(input, scale, zero_point, axis, quant_min, quant_max);
   const DeviceScope scope(input);
-  if (run_value_checks(input)) check_affine_values(scale, zero_point, quant_min, quant_max);
   const at::Tensor s = param_tensor(scale);
   const at::Tensor z = param_tensor(zero_point);
+  if (run_value_checks(input)) check_affine_values(s, z, quant_min, quant_max);
   return run_quantize(input, args.param_strides, args.channels,
                       AffineFamily{param_ptr(s), param_ptr(z), quant_min, quant_max},
                       Output::kFake, mask_out);

@@ -14,8 +14,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_by_amax(const at::Tensor& input,
                                                     float quant_min, Output output,
                                                     bool check_values) {
   const DeviceScope scope(input);
-  if (run_value_checks(input, check_values)) check_amax_values(amax);
   const at::Tensor a = param_tensor(amax);
+  if (run_value_checks(input, check_values)) check_amax_values(a);
   return run_quantize(input, param_strides, a.numel(), AmaxFamily{param_ptr(a), bound, quant_min},
                       output, MaskOut::kPacked);
 }

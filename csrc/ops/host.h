@@ -32,13 +32,6 @@ class DeviceScope {
 // not being captured into a graph. Call it inside the op's DeviceScope.
 bool run_value_checks(const at::Tensor& input, bool check_values = true);
 
-// A contiguous tensor of a dtype that ParamPtr reads: `t` itself when it is one
-// already, else a converted copy (float32 for other floating types such as
-// float8, float64 for other integer types; both exact). Keep it alive while the
-// job runs.
-at::Tensor param_tensor(const at::Tensor& t);
-ParamPtr param_ptr(const at::Tensor& contiguous);
-
 // y laid out like input and the mask (`mask_out`), and the kernel run over
 // them with `family`'s constants; `param_strides` maps input's dimensions onto
 // the `num_params` parameters.
@@ -85,7 +78,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quantize_lsq_backward(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& scale,
     const at::Tensor& zero_point, std::optional<int64_t> axis, int64_t quant_min,
     int64_t quant_max, double grad_factor);
-at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask);
+at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask,
+                         at::OptionalIntArrayRef mask_strides);
 std::tuple<at::Tensor, at::Tensor> fused_moving_avg_obs_fake_quant(
     const at::Tensor& input, const at::Tensor& observer_on, const at::Tensor& fake_quant_on,
     at::Tensor& running_min, at::Tensor& running_max, at::Tensor& scale, at::Tensor& zero_point,

@@ -23,7 +23,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quantize_lsq_backward(
   const AffineArgs args = check_lsq_backward_args(grad, input, scale, zero_point, axis, quant_min,
                                                   quant_max, grad_factor);
   const DeviceScope scope(input);
-  if (run_value_checks(input)) check_affine_values(scale, zero_point, quant_min, quant_max);
+  const at::Tensor s = param_tensor(scale);
+  const at::Tensor z = param_tensor(zero_point);
+  if (run_value_checks(input)) check_affine_values(s, z, quant_min, quant_max);
   // grad_input is laid out like input (as the forward's output), so that in
   // training neither input nor grad is copied.
   at::Tensor grad_input = at::empty_like(input);
@@ -34,8 +36,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fake_quantize_lsq_backward(
     grad_zero_point.zero_();
     return {grad_input, grad_scale, grad_zero_point};
   }
-  const at::Tensor s = param_tensor(scale);
-  const at::Tensor z = param_tensor(zero_point);
   LsqBackwardJob job;
   job.x = dense_like(input, grad_input);
   job.grad = dense_like(grad, grad_input);

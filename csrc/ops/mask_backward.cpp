@@ -4,13 +4,17 @@
 
 namespace fakequant {
 
-at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask) {
-  check_mask_backward_args(grad, mask);
+at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask,
+                         at::OptionalIntArrayRef mask_strides) {
+  check_mask_backward_args(grad, mask, mask_strides);
   const DeviceScope scope(grad);
-  // Bit i of a packed mask belongs to element i of the output in memory order;
-  // the autograd formulas pass grad with the forward output's strides, so
-  // neither copy below happens in training.
-  at::Tensor out = at::empty_like(grad);
+  // Bit i of a packed mask belongs to element i of the output in memory order.
+  // The autograd formulas (autograd.cpp) pass the forward output's strides, so
+  // the output has the forward's layout and, in training, neither copy below
+  // happens unless grad arrives laid out otherwise (expanded from a sum, say).
+  at::Tensor out = mask_strides.has_value()
+                       ? at::empty_strided(grad.sizes(), *mask_strides, grad.options())
+                       : at::empty_like(grad);
   if (grad.numel() == 0) return out;
   const at::Tensor g = dense_like(grad, out);
   const at::Tensor m = mask.scalar_type() == at::kBool ? dense_like(mask, out) : mask.contiguous();

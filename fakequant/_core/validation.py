@@ -12,15 +12,30 @@ __all__ = ["is_int", "check_tensor", "check_int", "check_float", "check_bool", "
 
 def is_int(value) -> bool:
     """An integer that is not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    kind = type(value)
+    if kind is int:  # the common case first: these checks run on every operator call
+        return True
+    return kind is not bool and isinstance(value, numbers.Integral)
 
 
 def check_tensor(value, name: str):
-    import torch
-
-    if not isinstance(value, torch.Tensor):
+    if not isinstance(value, _tensor_type()):
         raise TypeError(f"fakequant: {name} must be a torch.Tensor, got {type(value).__name__}")
     return value
+
+
+def _tensor_type():
+    # torch is imported at the first check, not with this module (fakequant._core
+    # imports without torch).
+    global _TENSOR
+    if _TENSOR is None:
+        import torch
+
+        _TENSOR = torch.Tensor
+    return _TENSOR
+
+
+_TENSOR = None
 
 
 def check_int(value, name: str, optional: bool = False):
@@ -34,6 +49,8 @@ def check_int(value, name: str, optional: bool = False):
 
 def check_float(value, name: str) -> float:
     """``value`` as a finite float."""
+    if type(value) is float and math.isfinite(value):
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"fakequant: {name} must be a float, got {value!r}")
     value = float(value)
@@ -43,7 +60,7 @@ def check_float(value, name: str) -> float:
 
 
 def check_bool(value, name: str) -> bool:
-    if not isinstance(value, bool):
+    if value is not True and value is not False:
         raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
     return value
 
