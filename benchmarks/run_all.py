@@ -529,7 +529,8 @@ def write_report(args, results, meta):
               "public functions (`fake_quantize_per_tensor_affine`, `fake_quantize_per_channel_affine`, "
               "`fake_quantize_amax`) against torch's op with the same kind of parameters (torch has no amax op: "
               "its per-tensor op stands in), on a (16, n / 16) float32 input; 'fq / torch' over 1 is in bold "
-              "where the target applies. `inference_mode` skips "autograd's kernel altogether.", "", format_overhead(ov["overhead"], "cpu"), ""]
+              "where the target applies. `inference_mode` skips autograd's kernel altogether.", "",
+              format_overhead(ov["overhead"], "cpu"), ""]
 
     qat = results.get("qat_step")
     if qat:
@@ -546,13 +547,6 @@ def write_report(args, results, meta):
         L += [f"- **{k}**: {v}" for k, v in qat["descriptions"].items()]
         L += ["", bench_qat_step.format_tables(qat), ""]
 
-    ov = results.get("overhead")
-    if ov:
-        from bench_ops import per_call_worst
-
-        for name, (ratio, where) in per_call_worst(ov["overhead"]).items():
-            rows.append(("per call at or below torch's op (fwd, fwd with grad, fwd+bwd; 2^10, 2^12, 2^14)",
-                         f"{name}; worst: {where}", f"{ratio:.2f}x torch's time", ratio <= 1.0))
     fused = results.get("fused")
     if fused:
         import bench_fused
