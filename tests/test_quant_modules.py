@@ -395,3 +395,34 @@ def test_pytorch_quantization_tutorial_flow():
     for method in ("mse", "entropy"):
         compute_amax(model, method=method)
     model(torch.randn(2, 3, 8, 8)).sum().backward()
+
+
+def test_calibrate_method_applies_to_max_descriptors():
+    # Default (max) descriptors: method="entropy" must not silently take the max. Per-tensor
+    # quantizers get the method (a histogram for this call, then their own calibrator back);
+    # per-channel weight quantizers take the max.
+    import copy
+
+    torch.manual_seed(0)
+    data = [torch.randn(8, 3, 8, 8) * torch.rand(8, 1, 1, 1) * 4 for _ in range(3)]
+    base = small_net()
+    net = fakequant.quantize_model(copy.deepcopy(base))
+    expected = fakequant.quantize_model(copy.deepcopy(base))
+    own = net[0].input_quantizer._calibrator
+    fakequant.calibrate(net, data, method="entropy", progress=False)
+    assert net[0].input_quantizer._calibrator is own
+    for q in quantizers(expected):  # what a histogram descriptor would have given
+        if q._axis is None:
+            q._calibrator = calib.HistogramCalibrator(8, None, q._unsigned, narrow_range=q._narrow_range)
+    fakequant.calibrate(expected, data, method="entropy", progress=False)
+    for q, e in zip(quantizers(net), quantizers(expected)):
+        assert bits_equal(q.amax, e.amax)
+    assert net[0].input_quantizer.amax.item() < torch.cat(data).abs().max().item()  # clipped, not the max
+    assert bits_equal(net[0].weight_quantizer.amax, net[0].weight.detach().abs().amax((1, 2, 3), keepdim=True))
+
+
+def test_calibrate_histogram_method_without_per_tensor_quantizer_raises():
+    lin = quant_nn.Linear(8, 3, quant_desc_input=QuantDescriptor(axis=1), quant_desc_weight=QuantDescriptor(axis=0))
+    with pytest.raises(ValueError, match="no quantizer of this model is per tensor"):
+        fakequant.calibrate(lin, [torch.randn(2, 8)], method="entropy", progress=False)
+    fakequant.calibrate(lin, [torch.randn(2, 8)], method="max", progress=False)

@@ -5,7 +5,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from ..calib import MaxCalibrator, _distributed
+from ..calib import HistogramCalibrator, MaxCalibrator, _distributed
 from ..calib.histogram import METHODS as HISTOGRAM_METHODS
 from ..nn.tensor_quantizer import TensorQuantizer
 
@@ -193,8 +193,12 @@ def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int]
             or ``fakequant.quantize_model``).
         data: batches, as for :func:`collect_stats`.
         num_batches: how many batches to use (default: all).
-        method: amax rule of histogram calibrators (``"entropy"``, ``"mse"``,
-            ``"percentile"``, ``"max"``); quantizers with max calibrators take the max.
+        method: the amax rule (``"entropy"``, ``"mse"``, ``"percentile"``, ``"max"``).
+            Other than ``"max"``, it applies to every per-tensor quantizer: those
+            built with the default max calibrator collect a histogram for this call
+            (their own calibrator is back afterwards). Per-channel and block
+            quantizers (weights, typically) take the max, as the histogram rules are
+            per tensor; if no quantizer is per tensor, ``ValueError``.
         forward_fn: ``forward_fn(model, batch)`` for batches of other layouts.
         progress: show the progress bar.
         sync, group: under torch.distributed, merge the statistics of every
@@ -208,12 +212,39 @@ def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int]
     """
     if method not in HISTOGRAM_METHODS:
         raise ValueError(f"method must be one of {list(HISTOGRAM_METHODS)}, got {method!r}")
-    for _, q in _quantizers(model):
-        if q._calibrator is not None:
-            q._calibrator.reset()
-    # Under torch.distributed a rank whose share of the data is empty still
-    # takes part in the merge (and gets the amax of the others).
-    syncing = _will_sync(sync, group)
-    _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty=syncing)
-    compute_amax(model, method, sync=sync, group=group, **kwargs)
+    quantizers = _quantizers(model)
+    swapped = _histograms_for(method, quantizers)
+    try:
+        for _, q in quantizers:
+            if q._calibrator is not None:
+                q._calibrator.reset()
+        # Under torch.distributed a rank whose share of the data is empty still
+        # takes part in the merge (and gets the amax of the others).
+        syncing = _will_sync(sync, group)
+        _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty=syncing)
+        compute_amax(model, method, sync=sync, group=group, **kwargs)
+    finally:
+        for q, calibrator in swapped:
+            q._calibrator = calibrator
     return model
+
+
+def _histograms_for(method, quantizers):
+    """For a method other than max: a histogram calibrator in place of each per-tensor
+    quantizer's max calibrator; returns (quantizer, its own calibrator) to put back."""
+    if method == "max":
+        return []
+    swapped, per_tensor = [], 0
+    for _, q in quantizers:
+        calibrator = q._calibrator
+        if calibrator is None or q._axis is not None or q._block_sizes is not None:
+            continue
+        per_tensor += 1
+        if isinstance(calibrator, MaxCalibrator):
+            swapped.append((q, calibrator))
+            q._calibrator = HistogramCalibrator(num_bits=q._num_bits, unsigned=q._unsigned,
+                                                narrow_range=q._narrow_range)
+    if per_tensor == 0:
+        raise ValueError(f"calibrate(method={method!r}): no quantizer of this model is per tensor, and the "
+                         "histogram methods set a per-tensor amax; use method='max'")
+    return swapped
