@@ -518,3 +518,24 @@ def test_ops_check_values_false_gives_nan_and_zero_mask(device):
         assert bool(y.isnan().all()) and not bool(m.any()), bad
     with pytest.raises(TypeError, match="check_values"):
         ops.fake_quantize_amax(x, 1.0, check_values=0)
+
+
+def test_calibrate_dynamic_blocks_with_a_ragged_last_block():
+    # 72 = 2 blocks of 32 and a ragged one of 8: the forward takes it, and so must calibration.
+    # Dynamic blocks collect the per-tensor amax, which NVFP4's E4M3 block scales are relative to.
+    import fakequant
+
+    x = torch.randn(5, 72) * 3
+    int4 = QuantDescriptor(num_bits=4, block_sizes={-1: 32, "type": "dynamic"})
+    lin = quant_nn.Linear(72, 4, quant_desc_input=int4, quant_desc_weight=QuantDescriptor(axis=0))
+    before = lin.input_quantizer(x)
+    fakequant.calibrate(lin, [x], progress=False)
+    assert torch.equal(lin.input_quantizer(x), before)  # still dynamic: the same blocks
+    nvfp4 = QuantDescriptor(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)})
+    lin = quant_nn.Linear(72, 4, quant_desc_input=nvfp4, quant_desc_weight=QuantDescriptor(axis=0))
+    calib_batch = torch.randn(5, 72) * 5
+    fakequant.calibrate(lin, [calib_batch], progress=False)
+    amax = lin.input_quantizer.amax
+    assert amax.numel() == 1 and torch.equal(amax.reshape(()), calib_batch.abs().max())
+    expected = ops.fake_quantize_blockwise(x, 16, 4, False, True, 2, amax.reshape(()))
+    assert torch.equal(lin.input_quantizer(x), expected)

@@ -451,9 +451,13 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return self._path(self, inputs)
 
     def _collect(self, inputs):
+        # Static blocks collect one amax per block. Dynamic blocks along one axis compute
+        # their block amax from each input (a ragged last block too); what calibration
+        # gives them is the per-tensor amax their E4M3 block scales are relative to
+        # (``scale_bits``), so they collect per tensor.
         if self._calibrator is None:
             raise RuntimeError("calibration is on but this quantizer has no calibrator")
-        if self._block_sizes is not None:
+        if self._block_sizes is not None and not (self._dynamic and self._kernel_block() is not None):
             blocked, inner = self._blocked_view(inputs.detach())
             # one amax per block: every axis but the within-block ones is kept
             self._calibrator.collect(blocked, kept_axes=tuple(d for d in range(blocked.dim()) if d not in inner))
