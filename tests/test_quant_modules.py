@@ -426,3 +426,33 @@ def test_calibrate_histogram_method_without_per_tensor_quantizer_raises():
     with pytest.raises(ValueError, match="no quantizer of this model is per tensor"):
         fakequant.calibrate(lin, [torch.randn(2, 8)], method="entropy", progress=False)
     fakequant.calibrate(lin, [torch.randn(2, 8)], method="max", progress=False)
+
+
+def test_degenerate_calibrated_amax_warns_and_a_zero_weight_still_trains():
+    # A zero-initialised head (as torchvision ViT's): max calibration gives its weight amax 0,
+    # which would make its output 0 and mask its gradient for good.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    nn.init.zeros_(net[2].weight)
+    nn.init.zeros_(net[2].bias)
+    net = fakequant.quantize_model(net)
+    data = [torch.randn(16, 8) for _ in range(2)]
+    with pytest.warns(UserWarning, match=r"weight_quantizer.*amax <= 2\^-24 in 4 of 4 entries.*left dynamic"):
+        fakequant.calibrate(net, data, progress=False)
+    assert net[2].weight_quantizer.amax is None and net[0].weight_quantizer.amax is not None
+    target = torch.randn(16, 4)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    losses = []
+    for _ in range(5):
+        loss = (net(data[0]) - target).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        assert all(p.grad.isfinite().all() for p in net.parameters())
+        opt.step()
+        losses.append(loss.item())
+    assert net[2].weight.abs().sum() > 0 and losses[-1] < losses[0]
+    # an activation quantizer fed zeros warns and keeps the amax it was given
+    lin = quant_nn.Linear(8, 3, quant_desc_weight=QuantDescriptor(axis=0))
+    with pytest.warns(UserWarning, match=r"input_quantizer.*amax <= 2\^-24.*collapsed"):
+        fakequant.calibrate(lin, [torch.zeros(2, 8)], progress=False)
+    assert lin.input_quantizer.amax is not None

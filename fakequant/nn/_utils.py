@@ -73,11 +73,15 @@ class QuantMixin:
         if num_layers is None:
             self._input_quantizer = TensorQuantizer(quant_desc_input)
             self._weight_quantizer = TensorQuantizer(quant_desc_weight)
+            weights = [self._weight_quantizer]
         else:
             if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
                 raise ValueError(f"num_layers must be a positive int or None, got {num_layers!r}")
             self._input_quantizers = nn.ModuleList(TensorQuantizer(quant_desc_input) for _ in range(num_layers))
             self._weight_quantizers = nn.ModuleList(TensorQuantizer(quant_desc_weight) for _ in range(num_layers))
+            weights = list(self._weight_quantizers)
+        for q in weights:
+            q._quantizes_weight = True  # see TensorQuantizer._load_calibrated_amax
 
     @property
     def input_quantizer(self):

@@ -94,6 +94,9 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._axis = quant_desc.axis
         self._scale_amax = quant_desc.scale_amax
         self._learn_amax = quant_desc.learn_amax
+        # A module's weight quantizer (set by QuantMixin.init_quantizer): a degenerate
+        # calibrated amax leaves it dynamic rather than unable to train.
+        self._quantizes_weight = False
         self._unsigned = quant_desc.unsigned
         self._narrow_range = quant_desc.narrow_range
         block_sizes = quant_desc.block_sizes or {}
@@ -332,7 +335,28 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
                 raise RuntimeError(message + "; pass strict=False to load_calib_amax() to skip it")
             warnings.warn(message + "; amax left unchanged", stacklevel=2)
             return
+        self._load_calibrated_amax(calib_amax)
+
+    def _load_calibrated_amax(self, calib_amax, name="quantizer") -> bool:
+        """Sets ``_amax`` from calibration; False where it was left dynamic instead.
+
+        An amax <= AMAX_EPSILON (a zero-initialised layer, collapsed activations) makes
+        the outputs where it applies 0 and masks their gradient (once the values move off
+        0): a weight could never train away from it. It warns; a weight quantizer is left
+        dynamic (amax computed from the weight at each forward, so it follows the weight as
+        it trains) and its ``_amax`` removed; other quantizers take it as calibrated."""
+        degenerate = int((calib_amax <= _core.AMAX_EPSILON).sum())
+        if degenerate:
+            where = f"{name}: calibration gave amax <= 2^-24 in {degenerate} of {calib_amax.numel()} entries"
+            if getattr(self, "_quantizes_weight", False):  # (quantizers pickled before it existed)
+                warnings.warn(f"{where} (a zero or constant weight?); left dynamic, so that the weight can train "
+                              "(amax computed from the weight at each forward until calibrated again)", stacklevel=3)
+                self.amax = None
+                return False
+            warnings.warn(f"{where}: there its outputs are 0 and their gradient is masked (collapsed inputs?)",
+                          stacklevel=3)
         self._set_amax_buffer(calib_amax)
+        return True
 
     def init_learn_amax(self):
         """Initialises the learned range ``[-amax, amax]`` from ``_amax`` (its max if per channel)."""

@@ -175,7 +175,8 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
             warnings.warn(f"quantizer {name!r} collected no data during calibration; its amax is unchanged",
                           stacklevel=2)
             continue
-        q._set_amax_buffer(amax)
+        if not q._load_calibrated_amax(amax, f"quantizer {name!r}"):
+            continue
         if q.learn_amax:  # start the learned range at the calibrated one
             q.init_learn_amax()
         loaded += 1
