@@ -67,6 +67,11 @@ CASES = {
                             ("dynamo",), "block"),
     "nvfp4": (lambda: quantizer(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}),
               21, ("dynamo",), "arithmetic"),
+    # the TorchScript exporter writes NVFP4 from opset 19 on (no block QuantizeLinear in it); its
+    # shape inference asserted on the blocks' Reshape before it had a -1 (issue 16)
+    "nvfp4_torchscript": (lambda: quantizer(num_bits=(2, 1),
+                                            block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}),
+                          20, ("torchscript",), "arithmetic"),
     "lsq_per_channel": (lambda: Branch(lambda x: fakequant.fake_quantize_lsq(
         x, torch.tensor([0.01, 0.02, 0.03, 0.05]), torch.tensor([0, -5, 7, 1], dtype=torch.int32), 1, -128, 127)),
         13, ("dynamo", "torchscript"), "qdq"),

@@ -520,7 +520,9 @@ def _to_blocks(b, value, rank, length, block_size):
         pads = [0] * (2 * rank)
         pads[2 * rank - 1] = pad  # the end of the last axis
         value = b.op("Pad", value, b.const(torch.tensor(pads, dtype=torch.int64)))
-    shape = [0] * (rank - 1) + [nblocks, block_size]  # 0: keep that dimension
+    # -1 for the first dimension, 0 (keep) for the others before the last: the TorchScript
+    # exporter's shape inference cannot take a shape with a 0 and no -1 (an internal assert).
+    shape = ([-1] + [0] * (rank - 2) if rank > 1 else []) + [nblocks, block_size]
     return b.op("Reshape", value, b.const(torch.tensor(shape, dtype=torch.int64)))
 
 
