@@ -215,7 +215,12 @@ def _qdq(b, x, scale, zero_point, axis, channels, qmin, qmax, qtype, integer_out
               f"values that round below {qmin} give {qmin - 1} * scale where PyTorch gives {qmin} * scale")
         clip.needed = False
     axis_attr = {} if axis is None else {"axis": axis}
-    if qtype in (INT8, UINT8):
+    if qtype in (INT8, UINT8) and (zero_point is not None or b.opset < 21):
+        # Below opset 21 only a zero point makes QuantizeLinear's output int8. From 21 on a
+        # zero point of 0 is left out (output_dtype says the type): ONNX Runtime 1.31-1.32's
+        # default optimizations rewrite a MatMul on a 3-D input plus a bias Add into Gemm, copy
+        # the input's QuantizeLinear with output_dtype and a uint8 zero point of their own,
+        # and then refuse the model (every transformer's Linear hit it).
         zp = zero_point if zero_point is not None else _int_const(
             b, 0, qtype, () if axis is None else (channels,))
         q = b.op("QuantizeLinear", x, scale, zp, **axis_attr)
