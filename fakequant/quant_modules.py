@@ -23,7 +23,8 @@ from .nn.tensor_quantizer import TensorQuantizer
 from .tensor_quant import QuantDescriptor
 from ._core import enable_onnx_export  # noqa: F401  (pytorch-quantization's name; per-thread switches)
 
-__all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "QuantModuleReplacementHelper"]
+__all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "unconverted",
+           "QuantModuleReplacementHelper"]
 
 _quant_entry = namedtuple("quant_entry", "orig_mod mod_name replace_mod")
 
@@ -256,4 +257,52 @@ def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_m
                 setattr(module, name, new)
         return module
 
-    return convert(model, "")
+    converted = convert(model, "")
+    _warn_common_skipped(converted, excluded, tuple(mapping))
+    return converted
+
+
+# Layer types with weights that QAT users expect quantized but quantize_model leaves in float:
+# torch's attention (its in-projection is a bare parameter, its out-projection a Linear
+# subclass), transformers' GPT-2 Conv1D (a Linear with a transposed weight), and subclasses of
+# the converted classes (converted are exactly those classes).
+_WARNED_CLASS_NAMES = ("MultiheadAttention", "Conv1D")
+
+
+def unconverted(model: torch.nn.Module):
+    """``[(qualified name, class name), ...]`` of the submodules that hold parameters of
+    their own and are not quantized (nor inside a quantized module): what stayed in float
+    after :func:`quantize_model` or under :func:`initialize` (norms and embeddings,
+    typically; also layer types fakequant does not convert)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    found = []
+
+    def walk(module, qualified):
+        if isinstance(module, (QuantMixin, QuantInputMixin, TensorQuantizer)):
+            return
+        if next(module.parameters(recurse=False), None) is not None:
+            found.append((qualified, type(module).__name__))
+        for name, child in module.named_children():
+            walk(child, f"{qualified}.{name}" if qualified else name)
+
+    walk(model, "")
+    return found
+
+
+def _warn_common_skipped(model, excluded, converted):
+    # converted: the float classes this call converts (exactly those classes)
+    def left_out(name):  # the module or one above it excluded by the user
+        parts = name.split(".") if name else []
+        return any(excluded(".".join(parts[:i])) for i in range(1, len(parts) + 1))
+
+    skipped = [(name, cls) for name, cls in unconverted(model)
+               if not left_out(name)
+               and (cls in _WARNED_CLASS_NAMES or isinstance(model.get_submodule(name), converted))]
+    if skipped:
+        listed = ", ".join(f"{name or '(the model)'} ({cls})" for name, cls in skipped[:8])
+        more = f" and {len(skipped) - 8} more" if len(skipped) > 8 else ""
+        warnings.warn(f"quantize_model left {len(skipped)} layer(s) with weights in float that are usually "
+                      f"quantized: {listed}{more}. fakequant does not convert these classes (subclasses of "
+                      "the converted ones included); fakequant.quant_modules.unconverted(model) lists every "
+                      "float layer", stacklevel=3)

@@ -456,3 +456,32 @@ def test_degenerate_calibrated_amax_warns_and_a_zero_weight_still_trains():
     with pytest.warns(UserWarning, match=r"input_quantizer.*amax <= 2\^-24.*collapsed"):
         fakequant.calibrate(lin, [torch.zeros(2, 8)], progress=False)
     assert lin.input_quantizer.amax is not None
+
+
+class _AttentionBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.norm = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(self.norm(self.attn(x, x, x)[0]))
+
+
+def test_quantize_model_reports_layers_left_in_float():
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"left 2 layer\(s\).*attn \(MultiheadAttention\), attn.out_proj "
+                                         r"\(NonDynamicallyQuantizableLinear\)"):
+        net = fakequant.quantize_model(_AttentionBlock())
+    assert quant_modules.unconverted(net) == [("attn", "MultiheadAttention"),
+                                              ("attn.out_proj", "NonDynamicallyQuantizableLinear"),
+                                              ("norm", "LayerNorm")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # what the user left out on purpose, or nothing usual: no warning
+        fakequant.quantize_model(_AttentionBlock(), exclude=["attn"])
+        fakequant.quantize_model(small_net())
+        fakequant.quantize_model(nn.Sequential(nn.Linear(4, 4)), float_module_list=["Linear"])
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        quant_modules.unconverted("net")
