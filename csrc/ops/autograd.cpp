@@ -34,20 +34,7 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 
 using MaskBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, at::OptionalSymIntArrayRef);
 
-// The strides of a contiguous tensor of `sizes`.
-std::vector<c10::SymInt> contiguous_strides(c10::SymIntArrayRef sizes) {
-  std::vector<c10::SymInt> strides(sizes.size());
-  c10::SymInt next = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    strides[d] = next;
-    next = next * sizes[d].max(c10::SymInt(1));
-  }
-  return strides;
-}
-
-// The output `y` of a forward and its mask, kept for the backward: the mask, and
-// y's strides where y is not contiguous (the backward takes contiguous strides
-// otherwise, which saves storing them on every call).
+// The output `y` of a forward and its mask, kept for the backward.
 void save_mask(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& mask) {
   // No zeros are made for an output without a gradient (the backward takes an
   // undefined gradient). The mask (uint8 or bool) is not differentiable by its
@@ -55,7 +42,7 @@ void save_mask(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& mask
   // node (CppNode::compiled_args asserts there is no such mark).
   ctx->set_materialize_grads(false);
   ctx->save_for_backward({mask});
-  if (!y.is_contiguous()) ctx->saved_data["strides"] = y.sym_strides();
+  ctx->saved_data["strides"] = y.sym_strides();  // the memory order of the mask's bits
 }
 
 // grad where the saved mask is set, laid out with the forward output's strides,
@@ -64,10 +51,7 @@ variable_list backward_through_mask(AutogradContext* ctx, const at::Tensor& grad
   static const auto mask_backward = op<MaskBackwardSig>("mask_backward");
   variable_list grads(num_inputs);
   if (!grad.defined()) return grads;
-  const auto saved = ctx->saved_data.find("strides");
-  const std::vector<c10::SymInt> strides = saved == ctx->saved_data.end()
-                                               ? contiguous_strides(grad.sym_sizes())
-                                               : saved->second.toSymIntVector();
+  const std::vector<c10::SymInt> strides = ctx->saved_data["strides"].toSymIntVector();
   grads[0] = mask_backward.call(grad, ctx->get_saved_variables()[0], at::OptionalSymIntArrayRef(strides));
   return grads;
 }
@@ -142,10 +126,7 @@ struct MaskBackwardFunction : torch::autograd::Function<MaskBackwardFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad, const at::Tensor& mask,
                             at::OptionalSymIntArrayRef mask_strides) {
     at::Tensor out = call_below_autograd(grad, mask, mask_strides);
-    ctx->set_materialize_grads(false);
-    ctx->save_for_backward({mask});
-    // The output's layout is the one the mask's bits follow.
-    if (!out.is_contiguous()) ctx->saved_data["strides"] = out.sym_strides();
+    save_mask(ctx, out, mask);  // the output's layout is the one the mask's bits follow
     return out;
   }
 

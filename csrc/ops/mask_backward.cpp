@@ -15,6 +15,8 @@ at::Tensor mask_backward(const at::Tensor& grad, const at::Tensor& mask,
   at::Tensor out = mask_strides.has_value()
                        ? at::empty_strided(grad.sizes(), *mask_strides, grad.options())
                        : at::empty_like(grad);
+  TORCH_CHECK_VALUE(out.is_non_overlapping_and_dense(), "fakequant: mask_strides ", out.strides(),
+                    " do not lay out grad's shape ", grad.sizes(), " densely without overlap");
   if (grad.numel() == 0) return out;
   const at::Tensor g = dense_like(grad, out);
   const at::Tensor m = mask.scalar_type() == at::kBool ? dense_like(mask, out) : mask.contiguous();

@@ -6,10 +6,8 @@
 // Also the layout helpers of the host functions (csrc/ops).
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <cmath>
 #include <optional>
-#include <utility>
 #include <vector>
 
 #include "contract.h"
@@ -159,24 +157,13 @@ inline void check_mask_backward_args(const at::Tensor& grad, const at::Tensor& m
                                      at::OptionalIntArrayRef mask_strides = std::nullopt) {
   check_input(grad, "grad");
   if (mask_strides.has_value()) {
-    // A layout of grad's shape whose elements are each one place in memory,
-    // and all of them one dense run: the memory order the mask's bits follow.
+    // (that they lay grad's shape out densely without overlap: mask_backward, on the
+    // tensor it makes with them)
     const at::IntArrayRef strides = *mask_strides;
     TORCH_CHECK_VALUE(strides.size() == grad.sizes().size(), "fakequant: mask_strides must have ",
                       grad.dim(), " entries (grad's dimensions), got ", strides.size());
-    std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dimensions of size > 1
-    for (size_t d = 0; d < strides.size(); ++d) {
-      TORCH_CHECK_VALUE(strides[d] >= 0, "fakequant: mask_strides must not be negative, got ",
-                        strides);
-      if (grad.size(d) > 1) dims.emplace_back(strides[d], grad.size(d));
-    }
-    std::sort(dims.begin(), dims.end());
-    int64_t expected = 1;
-    for (const auto& [stride, size] : dims) {
-      TORCH_CHECK_VALUE(stride == expected, "fakequant: mask_strides ", strides,
-                        " do not lay out grad's shape ", grad.sizes(),
-                        " densely without overlap");
-      expected *= size;
+    for (const int64_t stride : strides) {
+      TORCH_CHECK_VALUE(stride >= 0, "fakequant: mask_strides must not be negative, got ", strides);
     }
   }
   TORCH_CHECK_VALUE(mask.device() == grad.device(), "fakequant: mask is on ", mask.device(),
