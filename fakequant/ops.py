@@ -112,15 +112,18 @@ class _Params:
                 if cached is not None:
                     return cached
         if key is None:
-            return tuple(_as_tensor(v, like, dtype, name) for v, (name, dtype) in zip(values, self.params))
+            return self._make(like, values)
         # Normal tensors even under inference_mode: LSQ saves its scale for backward,
         # which an inference tensor cannot be.
         with torch.inference_mode(False):
-            made = tuple(_as_tensor(v, like, dtype, name) for v, (name, dtype) in zip(values, self.params))
+            made = self._make(like, values)
         if len(self.cache) >= self.MAX_CACHED:
             self.cache.clear()
         self.cache[key] = made
         return made
+
+    def _make(self, like, values):
+        return tuple(_as_tensor(v, like, dtype, name) for v, (name, dtype) in zip(values, self.params))
 
 
 _SCALE_ZERO_POINT = _Params(("scale", torch.float32), ("zero_point", torch.int32))
@@ -278,9 +281,8 @@ def fake_quantize_per_channel_affine(
     Zero points must be integers (torch also takes fractional float zero
     points, which no integer QDQ graph can represent).
     """
-    if axis is None:  # torch's op takes an axis; None would be per tensor here
-        raise TypeError("fakequant: axis must be an int, got None")
-    return _affine(input, scale, zero_point, axis, quant_min, quant_max, True)[0]
+    # (an int, as torch's op takes: None would be per tensor in _affine)
+    return _affine(input, scale, zero_point, check_int(axis, "axis"), quant_min, quant_max, True)[0]
 
 
 def fake_quantize_per_tensor_affine_cachemask(
@@ -450,8 +452,7 @@ def fake_quantize_amax(
         if return_mask:
             raise ValueError("fakequant: return_mask=True has no mask to return with pass_through=True")
         return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range, check_values)
-    result = _ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
-    return result if return_mask else result[0]
+    return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values), return_mask)
 
 
 def quantize_amax(

@@ -26,6 +26,9 @@ from ._core import enable_onnx_export  # noqa: F401  (pytorch-quantization's nam
 __all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "unconverted",
            "QuantModuleReplacementHelper"]
 
+# What conversion leaves alone: quantized modules and quantizers.
+_QUANTIZED = (QuantMixin, QuantInputMixin, TensorQuantizer)
+
 _quant_entry = namedtuple("quant_entry", "orig_mod mod_name replace_mod")
 
 _DEFAULT_QUANT_MAP = [
@@ -245,7 +248,7 @@ def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_m
         return any(fnmatch.fnmatchcase(qualified, p) for p in exclude)
 
     def convert(module, qualified):
-        if isinstance(module, (QuantMixin, QuantInputMixin, TensorQuantizer)) or (qualified and excluded(qualified)):
+        if isinstance(module, _QUANTIZED) or (qualified and excluded(qualified)):
             return module
         quant_cls = mapping.get(type(module))
         if quant_cls is not None:
@@ -279,7 +282,7 @@ def unconverted(model: torch.nn.Module):
     found = []
 
     def walk(module, qualified):
-        if isinstance(module, (QuantMixin, QuantInputMixin, TensorQuantizer)):
+        if isinstance(module, _QUANTIZED):
             return
         if next(module.parameters(recurse=False), None) is not None:
             found.append((qualified, type(module).__name__))

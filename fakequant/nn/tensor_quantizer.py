@@ -130,11 +130,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         if if_clip:
             self.enable_clip()
 
-        if quant_desc.calib_method == "histogram":
-            self._calibrator = HistogramCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned,
-                                                   narrow_range=self._narrow_range)
-        else:
-            self._calibrator = MaxCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
+        self._calibrator = self._new_calibrator(quant_desc.calib_method == "histogram")
         if if_calib:
             self.enable_calib()
 
@@ -336,6 +332,13 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             warnings.warn(message + "; amax left unchanged", stacklevel=2)
             return
         self._load_calibrated_amax(calib_amax)
+
+    def _new_calibrator(self, histogram: bool):
+        """A calibrator for this quantizer's format: a ``HistogramCalibrator`` or a ``MaxCalibrator``."""
+        if histogram:
+            return HistogramCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned,
+                                       narrow_range=self._narrow_range)
+        return MaxCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
 
     def _load_calibrated_amax(self, calib_amax, name="quantizer") -> bool:
         """Sets ``_amax`` from calibration; False where it was left dynamic instead.

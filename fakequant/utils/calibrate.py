@@ -5,7 +5,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from ..calib import HistogramCalibrator, MaxCalibrator, _distributed
+from ..calib import MaxCalibrator, _distributed
 from ..calib.histogram import METHODS as HISTOGRAM_METHODS
 from ..nn.tensor_quantizer import TensorQuantizer
 
@@ -243,8 +243,7 @@ def _histograms_for(method, quantizers):
         per_tensor += 1
         if isinstance(calibrator, MaxCalibrator):
             swapped.append((q, calibrator))
-            q._calibrator = HistogramCalibrator(num_bits=q._num_bits, unsigned=q._unsigned,
-                                                narrow_range=q._narrow_range)
+            q._calibrator = q._new_calibrator(histogram=True)
     if per_tensor == 0:
         raise ValueError(f"calibrate(method={method!r}): no quantizer of this model is per tensor, and the "
                          "histogram methods set a per-tensor amax; use method='max'")
