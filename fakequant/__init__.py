@@ -27,7 +27,7 @@ from .ops import (
     quantize_amax,
     unpack_mask,
 )
-from . import calib, nn, optim, quant_modules, tensor_quant, utils
+from . import calib, nn, optim, presets, quant_modules, tensor_quant, utils
 from .quant_modules import deactivate, enable_onnx_export, initialize, quantize_model
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from .utils import calibrate

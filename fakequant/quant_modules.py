@@ -17,6 +17,7 @@ from collections import namedtuple
 
 import torch
 
+from . import presets
 from . import nn as quant_nn
 from .nn._utils import QuantInputMixin, QuantMixin
 from .nn.tensor_quantizer import TensorQuantizer
@@ -198,7 +199,7 @@ def _convert(module, quant_cls, quant_desc_input, quant_desc_weight):
 
 
 def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_module_list=None,
-                   custom_quant_modules=None, exclude=None):
+                   custom_quant_modules=None, exclude=None, preset=None):
     """Converts the layers of an existing model to quantized layers, in place.
 
     Every submodule whose class is one of those :func:`initialize` patches
@@ -220,12 +221,19 @@ def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_m
             subclass of it (or accept its ``__dict__``).
         exclude: qualified submodule names (``fnmatch`` patterns such as ``"fc"`` or
             ``"layer4.*"``) to leave in float, with everything below them.
+        preset: a recipe's name (``"W8A8"``, ``"W4A8"``, ``"FP8"``, ``"NVFP4"``, ``"MXFP4"``, ...:
+            :mod:`fakequant.presets`) or a :class:`~fakequant.presets.Preset`, giving both
+            descriptors; cannot be combined with ``quant_desc_input``/``quant_desc_weight``.
 
     Returns:
         ``model`` (a new object only when ``model`` itself is converted).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if preset is not None:
+        if quant_desc_input is not None or quant_desc_weight is not None:
+            raise ValueError("preset cannot be combined with quant_desc_input or quant_desc_weight")
+        quant_desc_input, quant_desc_weight = presets.get(preset).descriptors()
     for name, desc in (("quant_desc_input", quant_desc_input), ("quant_desc_weight", quant_desc_weight)):
         if desc is not None and not isinstance(desc, QuantDescriptor):
             raise TypeError(f"{name} must be a QuantDescriptor or None, got {type(desc).__name__}")

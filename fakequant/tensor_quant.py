@@ -132,6 +132,10 @@ class ScaledQuantDescriptor:
             Default False (as pytorch-quantization's descriptor).
         dynamic: if True, amax is always computed from the tensor being quantized,
             even after calibration. Default False.
+        type: ``"dynamic"`` (Model Optimizer's spelling of ``dynamic=True``) or ``"static"``.
+            Per-token dynamic quantization of activations is
+            ``type="dynamic", block_sizes={-1: None}``: one amax per row (token), computed
+            in the quantizing pass.
 
     Raises:
         TypeError, ValueError: naming the argument and the value.
@@ -166,6 +170,13 @@ class ScaledQuantDescriptor:
         self._unsigned = _check_bool(kwargs.pop("unsigned", False), "unsigned")
         self._narrow_range = _check_bool(kwargs.pop("narrow_range", False), "narrow_range")
         self._dynamic = _check_bool(kwargs.pop("dynamic", False), "dynamic")
+        kind = kwargs.pop("type", None)  # Model Optimizer's spelling of dynamic=True
+        if kind is not None:
+            if kind not in ("static", "dynamic"):
+                raise ValueError(f"type must be 'static' or 'dynamic', got {kind!r}")
+            if kind == "static" and self._dynamic:
+                raise ValueError("type='static' contradicts dynamic=True")
+            self._dynamic = self._dynamic or kind == "dynamic"
         if kwargs:
             raise TypeError(f"QuantDescriptor got unexpected keyword arguments: {sorted(kwargs)}")
 

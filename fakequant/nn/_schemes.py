@@ -123,6 +123,8 @@ class _DynamicBlocks:
 
     def __call__(self, q, inputs):
         axis, block_size = q._kernel_block()
+        if block_size is None:  # the whole axis: one amax per row (per token)
+            block_size = max(inputs.size(axis) if inputs.dim() else 1, 1)
         if isinstance(q._num_bits, tuple):  # (E, M) elements: 1 + E + M bits
             e, m = q._num_bits
             num_bits, exponent_bits = 1 + e + m, e

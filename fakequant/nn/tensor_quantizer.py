@@ -451,12 +451,13 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return amax.detach() if amax.requires_grad else amax
 
     def _kernel_block(self):
-        """``(axis, block_size)`` when the blocks run along one axis with a fixed size, which
-        ``fake_quantize_blockwise`` computes dynamically in one pass; else None."""
+        """``(axis, block_size)`` when the blocks run along one axis, which
+        ``fake_quantize_blockwise`` computes dynamically in one pass; else None. A
+        ``block_size`` of None is the whole axis (per token, the size read per input)."""
         if self._block_sizes is None or len(self._block_sizes) != 1:
             return None
         (axis, size), = self._block_sizes.items()
-        return None if size is None else (axis, size)
+        return axis, size
 
     # -- forward ------------------------------------------------------------------------
     def _configure(self):

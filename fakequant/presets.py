@@ -1,0 +1,80 @@
+"""Named quantization recipes: the descriptors of a model's weight and input quantizers.
+
+``fakequant.quantize_model(model, preset="W8A8")`` converts a model with them. The
+spellings follow Model Optimizer's configurations where it has one (its
+``INT8_DEFAULT_CFG``, ``FP8_DEFAULT_CFG``, ``FP8_PER_CHANNEL_PER_TOKEN_CFG``,
+``NVFP4_DEFAULT_CFG``, ``MXFP8_DEFAULT_CFG``, ``MXFP4_DEFAULT_CFG``), so that a recipe reads
+the same in both libraries:
+
+========================  ================================================  ==============================================
+preset                    weights                                           inputs (activations)
+========================  ================================================  ==============================================
+``W8A8``                  int8, per output channel (``axis=0``)             int8, per token (dynamic, ``{-1: None}``)
+``W4A8``                  int4, dynamic blocks of 32 along the last axis    int8, per token
+``INT8``                  int8, per output channel                          int8, per tensor (calibrated)
+``FP8``                   FP8 E4M3, per tensor (calibrated)                 FP8 E4M3, per tensor (calibrated)
+``FP8_PER_CHANNEL``       FP8 E4M3, per output channel                      FP8 E4M3, per token
+``NVFP4``                 E2M1, blocks of 16, E4M3 block scales             the same
+``MXFP8``                 E4M3, blocks of 32, E8M0 block scales             the same
+``MXFP4``                 E2M1, blocks of 32, E8M0 block scales             the same
+========================  ================================================  ==============================================
+
+A preset is a :class:`Preset` (two :class:`~fakequant.tensor_quant.QuantDescriptor`
+keyword dicts); :func:`get` returns it by name (case-insensitive). Layers to keep in
+float (``lm_head``, by default) are :func:`fakequant.quantize_model`'s business.
+"""
+from typing import Any, Dict, NamedTuple
+
+from .tensor_quant import QuantDescriptor
+
+__all__ = ["Preset", "PRESETS", "get"]
+
+
+class Preset(NamedTuple):
+    """A recipe: the ``QuantDescriptor`` keyword arguments of weights and of inputs."""
+
+    weight: Dict[str, Any]
+    input: Dict[str, Any]
+    description: str
+
+    def descriptors(self):
+        """``(quant_desc_input, quant_desc_weight)``, as :func:`fakequant.quantize_model` takes them."""
+        return QuantDescriptor(**self.input), QuantDescriptor(**self.weight)
+
+
+_PER_TOKEN = {"type": "dynamic", "block_sizes": {-1: None}}
+
+
+def _mx(num_bits):
+    return {"num_bits": num_bits, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (8, 0)}}
+
+
+_NVFP4 = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}}
+
+PRESETS: Dict[str, Preset] = {
+    "W8A8": Preset({"num_bits": 8, "axis": 0}, {"num_bits": 8, **_PER_TOKEN},
+                   "int8 per-channel weights, int8 per-token activations"),
+    "W4A8": Preset({"num_bits": 4, "block_sizes": {-1: 32, "type": "dynamic"}}, {"num_bits": 8, **_PER_TOKEN},
+                   "int4 weights in blocks of 32, int8 per-token activations"),
+    "INT8": Preset({"num_bits": 8, "axis": 0}, {"num_bits": 8},
+                   "int8 per-channel weights, int8 per-tensor calibrated activations"),
+    "FP8": Preset({"num_bits": (4, 3)}, {"num_bits": (4, 3)},
+                  "FP8 E4M3 per-tensor weights and calibrated activations"),
+    "FP8_PER_CHANNEL": Preset({"num_bits": (4, 3), "axis": 0}, {"num_bits": (4, 3), **_PER_TOKEN},
+                              "FP8 E4M3 per-channel weights, per-token activations"),
+    "NVFP4": Preset(_NVFP4, _NVFP4, "E2M1 in blocks of 16 with E4M3 block scales (weights and activations)"),
+    "MXFP8": Preset(_mx((4, 3)), _mx((4, 3)), "OCP MXFP8 (E4M3, blocks of 32, E8M0 scales)"),
+    "MXFP4": Preset(_mx((2, 1)), _mx((2, 1)), "OCP MXFP4 (E2M1, blocks of 32, E8M0 scales)"),
+}
+
+
+def get(name) -> Preset:
+    """The preset named ``name`` (case-insensitive), or ``name`` itself if it is a :class:`Preset`."""
+    if isinstance(name, Preset):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"preset must be a preset name (str) or a Preset, got {type(name).__name__}")
+    preset = PRESETS.get(name.upper())
+    if preset is None:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    return preset
