@@ -212,9 +212,13 @@ def pages():
 
 OPS = ("affine per-tensor", "affine per-channel", "amax per-tensor", "amax per-channel",
        "min/max affine", "quantize (integer)", "fp8 e4m3 per-tensor",
-       "block-wise int8 b32", "block-wise int8 b128", "block-wise NVFP4 b16")
+       "block-wise int8 b32", "block-wise int8 b128", "block-wise NVFP4 b16",
+       "block-wise MXFP8 b32", "block-wise MXFP4 b32", "block-wise MXINT8 b32",
+       "per-token int8", "per-token fp8")
 # Block-wise dynamic quantization (fakequant.ops.fake_quantize_blockwise): the scales
-# come from the data, block by block, in the same pass; no peer computes it.
+# come from the data, block by block, in the same pass; no peer computes it. The MX
+# formats (E8M0 power-of-two block scales) and per-token (per-row) dynamic quantization
+# (one block per row of 4096) are the same kernel.
 BLOCKWISE_OPS = OPS[7:]
 
 
@@ -287,6 +291,13 @@ def cases(x, ops=OPS):
         ("block-wise int8 b128", xb, lambda t: blockwise(t, 128), {}),
         # NVFP4: E2M1 elements, blocks of 16, E4M3 block scales under the tensor's amax
         ("block-wise NVFP4 b16", xb, lambda t: blockwise(t, 16, num_bits=4, exponent_bits=2, scale_amax=amax_x), {}),
+        # OCP microscaling: blocks of 32 with E8M0 (power-of-two) scales
+        ("block-wise MXFP8 b32", xb, lambda t: blockwise(t, 32, num_bits=8, exponent_bits=4, e8m0_scale=True), {}),
+        ("block-wise MXFP4 b32", xb, lambda t: blockwise(t, 32, num_bits=4, exponent_bits=2, e8m0_scale=True), {}),
+        ("block-wise MXINT8 b32", xb, lambda t: blockwise(t, 32, num_bits=8, narrow_range=False, e8m0_scale=True), {}),
+        # per-token dynamic activations: one amax per row of 4096, found in the same pass
+        ("per-token int8", xb, lambda t: blockwise(t, xb.shape[-1], narrow_range=False), {}),
+        ("per-token fp8", xb, lambda t: blockwise(t, xb.shape[-1], num_bits=8, exponent_bits=4), {}),
     ]
     return [c for c in table if c[0] in ops]
 

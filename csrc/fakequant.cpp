@@ -44,9 +44,9 @@ FAKEQUANT_LIBRARY(m) {
   // mask's bits meet their elements whatever layout grad arrives in), or like grad.
   m.def("mask_backward(Tensor grad, Tensor mask, SymInt[]? mask_strides=None) -> Tensor");
 
-  // FP8 (E4M3 with exponent_bits=4, mantissa_bits=3; E5M2 with 5, 2):
-  // y = fp8(clamp(x / scale, -max, max)) * scale with scale = amax / max
-  // (max 448 or 57344), fp8() rounding to nearest even as torch's float8 casts do;
+  // FP8 (E4M3 with exponent_bits=4, mantissa_bits=3; E5M2 with 5, 2) and FP6 (E3M2:
+  // 3, 2; E2M3: 2, 3): y = fmt(clamp(x / scale, -max, max)) * scale with scale = amax
+  // / max (max 448, 57344, 28, 7.5), fmt() rounding to nearest even as torch's float8 casts do;
   // amax broadcasts to input as in fake_quantize_amax, amax <= 2^-24 gives 0. The
   // mask (packed) marks |x| <= amax.
   m.def(
@@ -58,15 +58,22 @@ FAKEQUANT_LIBRARY(m) {
   // quantized with its own amax = max |x| over the block, computed in the same pass.
   // Elements are integers (exponent_bits=0: num_bits, unsigned, narrow_range as in
   // fake_quantize_amax) or floats with 1 + exponent_bits + mantissa bits = num_bits
-  // (E2M1: num_bits=4, exponent_bits=2; E4M3: 8, 4; E5M2: 8, 5). With scale_amax
-  // (one element) the block scales are themselves quantized to E4M3 against the
-  // per-tensor scale scale_amax / (max_element * 448) (NVFP4's two-level scales).
+  // (E2M1: num_bits=4, exponent_bits=2; E3M2: 6, 3; E2M3: 6, 2; E4M3: 8, 4; E5M2: 8, 5).
+  // With scale_amax (one element) the block scales are themselves quantized to E4M3
+  // against the per-tensor scale scale_amax / (max_element * 448) (NVFP4's two-level
+  // scales). With e8m0_scale the block scales are powers of two, 2^(floor(log2(amax))
+  // - emax) as the OCP microscaling (MX) specification derives them (emax: the
+  // element format's largest exponent; num_bits - 2 for integers, MXINT8's 2^-6 grid).
+  // With centered each block is quantized about its centre b = max / 2 + min / 2:
+  // y = q(x - b) + b, the block's amax that of x - b (per-token asymmetric activations).
   // The mask (packed) marks elements that rounding did not saturate: rint(x / scale)
   // in the integer range, or |x / scale| <= max + half the top step for floats.
   m.def(
       "fake_quantize_blockwise(Tensor input, int block_size, int num_bits=8, "
       "bool unsigned=False, bool narrow_range=True, int exponent_bits=0, "
-      "Tensor? scale_amax=None, bool check_values=True) -> (Tensor output, Tensor mask)");
+      "Tensor? scale_amax=None, bool check_values=True, bool e8m0_scale=False, "
+      "bool centered=False) -> "
+      "(Tensor output, Tensor mask)");
 
   // Learned step size (LSQ, and LSQ+ with a learned zero point): the forward is
   // fake_quantize_affine's output; the backward (fake_quantize_lsq_backward, with

@@ -70,6 +70,25 @@ PyMethodDef methods[] = {
 
 struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
 
+// FLOAT_FORMATS: {(exponent_bits, mantissa_bits): (max, max_exponent)} of every small
+// float format (float_formats.h).
+bool add_float_formats(PyObject* m) {
+  PyObject* formats = PyDict_New();
+  if (formats == nullptr) return false;
+  for (const fakequant::FloatFormat& f : fakequant::kFloatFormats) {
+    PyObject* key = Py_BuildValue("(ii)", f.exponent_bits, f.mantissa_bits);
+    PyObject* value = Py_BuildValue("(di)", static_cast<double>(f.max), f.max_exponent);
+    const bool ok = key != nullptr && value != nullptr && PyDict_SetItem(formats, key, value) == 0;
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    if (!ok) {
+      Py_DECREF(formats);
+      return false;
+    }
+  }
+  return PyModule_AddObject(m, "FLOAT_FORMATS", formats) == 0;
+}
+
 bool add_constants(PyObject* m) {
   using namespace fakequant;
   return PyModule_AddObject(m, "AMAX_EPSILON", PyFloat_FromDouble(kAmaxEpsilon)) == 0 &&
@@ -77,7 +96,8 @@ bool add_constants(PyObject* m) {
          PyModule_AddIntConstant(m, "MAX_NUM_BITS", kMaxNumBits) == 0 &&
          PyModule_AddObject(m, "E4M3_MAX", PyFloat_FromDouble(kE4M3.max)) == 0 &&
          PyModule_AddObject(m, "E5M2_MAX", PyFloat_FromDouble(kE5M2.max)) == 0 &&
-         PyModule_AddObject(m, "E2M1_MAX", PyFloat_FromDouble(kE2M1.max)) == 0;
+         PyModule_AddObject(m, "E2M1_MAX", PyFloat_FromDouble(kE2M1.max)) == 0 &&
+         add_float_formats(m);
 }
 
 }  // namespace

@@ -498,7 +498,8 @@ def fake_quantize_min_max(
 # === FP8: fake_quantize_fp8 (owner: the FP8 work; edit only inside this section) ===
 
 def fp8_max(exponent_bits: int = 4, mantissa_bits: int = 3) -> float:
-    """The largest finite value of an FP8 format: 448.0 for E4M3 (4, 3), 57344.0 for E5M2 (5, 2)."""
+    """The largest finite value of an FP8 or FP6 format: 448.0 for E4M3 (4, 3), 57344.0 for
+    E5M2 (5, 2), 28.0 for E3M2 (3, 2), 7.5 for E2M3 (2, 3)."""
     return FP8_FORMATS[check_fp8_format(exponent_bits, mantissa_bits)]
 
 
@@ -523,7 +524,9 @@ def fake_quantize_fp8(
     """FP8 fake quantization: E4M3 (``exponent_bits=4, mantissa_bits=3``, max 448)
     or E5M2 (5, 2; max 57344) with scale ``s = amax / max``:
     ``fp8(clamp(x / s, -max, max)) * s``, rounded to nearest even as torch's
-    float8 casts round (bit-identical to ``.to(torch.float8_e4m3fn)``).
+    float8 casts round (bit-identical to ``.to(torch.float8_e4m3fn)``). The FP6
+    formats of the OCP microscaling specification work the same way: E3M2 (3, 2;
+    max 28) and E2M3 (2, 3; max 7.5).
 
     ``amax`` is a number or a tensor broadcastable to ``input``, as in
     :func:`fake_quantize_amax`; where ``amax <= 2^-24`` the output is 0. The
@@ -542,24 +545,27 @@ def fake_quantize_fp8(
 
 # === block-wise: fake_quantize_blockwise (edit only inside this section) ===
 
-def _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax):
-    # The C++ checks (csrc/blockwise_args.h), repeated for the fake kernel.
+def _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale=False):
+    # The C++ checks (csrc/include/fakequant/arg_checks.h), repeated for the fake kernel.
     if block_size < 1:
         raise ValueError(f"fakequant: block_size must be >= 1, got {block_size}")
-    if exponent_bits < 0:
-        raise ValueError(f"fakequant: exponent_bits must be 0 (integers), 2, 4 or 5, got {exponent_bits}")
     if exponent_bits == 0:
         check_integer_num_bits(num_bits)
     else:
         if (num_bits, exponent_bits) not in BLOCK_FLOAT_FORMATS:
             raise ValueError(
-                "fakequant: (num_bits, exponent_bits) must be (4, 2) for E2M1, (8, 4) for E4M3 or (8, 5) "
-                f"for E5M2 (or exponent_bits 0 for integers), got ({num_bits}, {exponent_bits})"
+                "fakequant: (num_bits, exponent_bits) must be (4, 2) for E2M1, (6, 3) for E3M2, (6, 2) for "
+                "E2M3, (8, 4) for E4M3 or (8, 5) for E5M2 (or exponent_bits 0 for integers), got "
+                f"({num_bits}, {exponent_bits})"
             )
         if unsigned:
             raise ValueError(
                 f"fakequant: unsigned must be False for floating-point elements (exponent_bits {exponent_bits})"
             )
+    if e8m0_scale and scale_amax is not None:
+        raise ValueError("fakequant: scale_amax (E4M3 block scales) cannot be combined with e8m0_scale=True")
+    if e8m0_scale and unsigned:
+        raise ValueError("fakequant: unsigned must be False with e8m0_scale=True (microscaling elements are signed)")
     if scale_amax is not None:
         if not scale_amax.dtype.is_floating_point:
             raise TypeError(f"fakequant: scale_amax must be a floating-point tensor, got {scale_amax.dtype}")
@@ -588,10 +594,10 @@ def _blockwise_keeps_layout(input: torch.Tensor) -> bool:
 
 @torch.library.register_fake("fakequant::fake_quantize_blockwise")
 def _(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0, scale_amax=None,
-      check_values=True):
+      check_values=True, e8m0_scale=False, centered=False):
     warn_if_translations_missing("fakequant::fake_quantize_blockwise")
     _check_meta(input, **({} if scale_amax is None else {"scale_amax": scale_amax}))
-    _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax)
+    _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
     y = torch.empty_like(input) if _blockwise_keeps_layout(input) else input.new_empty(input.shape)
     return y, _new_mask(y)
 
@@ -607,6 +613,8 @@ def fake_quantize_blockwise(
     axis: int = -1,
     *,
     check_values: bool = True,
+    e8m0_scale: bool = False,
+    centered: bool = False,
 ) -> torch.Tensor:
     """Block-wise dynamic fake quantization: blocks of ``block_size`` consecutive
     elements along ``axis`` (the last block of each row may be shorter), each
@@ -614,8 +622,24 @@ def fake_quantize_blockwise(
 
     Elements are integers (``exponent_bits=0``: ``num_bits``, ``unsigned`` and
     ``narrow_range`` as in :func:`fake_quantize_amax`) or small floats:
-    ``(num_bits, exponent_bits)`` = (4, 2) for E2M1 (max 6), (8, 4) for E4M3
-    (448), (8, 5) for E5M2 (57344). With ``scale_amax`` (one element, >= 0) the
+    ``(num_bits, exponent_bits)`` = (4, 2) for E2M1 (max 6), (6, 3) for E3M2 (28),
+    (6, 2) for E2M3 (7.5), (8, 4) for E4M3 (448), (8, 5) for E5M2 (57344).
+
+    ``e8m0_scale=True``: the OCP microscaling (MX) scales, powers of two
+    ``2^(floor(log2(amax)) - emax)`` with ``emax`` the element format's largest
+    exponent (E2M1 2, E3M2 4, E2M3 2, E4M3 8, E5M2 15; ``num_bits - 2`` for
+    integers, so that 8-bit integers are MXINT8's ``k * 2^-6``), the exponent clamped
+    to [-127, 127]. The floor (the specification's rule) can put a block's largest
+    elements above the format's max; they saturate and their mask bit is 0. Such
+    blocks have no degenerate case: an all-zero block gives zeros, a tiny one keeps
+    its values. MXFP8 is ``block_size=32, num_bits=8, exponent_bits=4, e8m0_scale=True``,
+    MXFP4 ``32, 4, 2``, MXINT8 ``32, 8, 0``.
+
+    ``centered=True``: each block is quantized about its centre ``b = max / 2 + min / 2``
+    (float32): ``y = q(x - b) + b``, with the block's amax that of ``x - b`` (asymmetric
+    quantization as Model Optimizer's dynamic ``"max_min"`` bias computes it; with
+    ``block_size`` the row length, per-token asymmetric activations). A block whose
+    ``x - b`` is degenerate gives ``b``. With ``scale_amax`` (one element, >= 0) the
     block scales are themselves rounded to E4M3 against the per-tensor scale
     ``scale_amax / (elem_max * 448)``: NVFP4 is ``block_size=16, num_bits=4,
     exponent_bits=2, scale_amax=x.abs().amax()``. Blocks with amax <= 2^-24 (or
@@ -636,6 +660,8 @@ def fake_quantize_blockwise(
     exponent_bits = check_int(exponent_bits, "exponent_bits")
     axis = check_int(axis, "axis")
     check_values = check_bool(check_values, "check_values")
+    e8m0_scale = check_bool(e8m0_scale, "e8m0_scale")
+    centered = check_bool(centered, "centered")
     if scale_amax is not None:
         (scale_amax,) = _SCALE_AMAX(input, scale_amax)
     nd = max(input.dim(), 1)
@@ -645,7 +671,7 @@ def fake_quantize_blockwise(
     moved = input.dim() > 1 and axis != input.dim() - 1
     x = input.movedim(axis, -1) if moved else input
     y = _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
-                                     check_values)[0]
+                                     check_values, e8m0_scale, centered)[0]
     return y.movedim(-1, axis) if moved else y
 
 

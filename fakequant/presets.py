@@ -10,6 +10,7 @@ the same in both libraries:
 preset                    weights                                           inputs (activations)
 ========================  ================================================  ==============================================
 ``W8A8``                  int8, per output channel (``axis=0``)             int8, per token (dynamic, ``{-1: None}``)
+``W8A8_ASYM``             int8, per output channel                          int8, per token, asymmetric (max_min bias)
 ``W4A8``                  int4, dynamic blocks of 32 along the last axis    int8, per token
 ``INT8``                  int8, per output channel                          int8, per tensor (calibrated)
 ``FP8``                   FP8 E4M3, per tensor (calibrated)                 FP8 E4M3, per tensor (calibrated)
@@ -54,6 +55,9 @@ _NVFP4 = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_
 PRESETS: Dict[str, Preset] = {
     "W8A8": Preset({"num_bits": 8, "axis": 0}, {"num_bits": 8, **_PER_TOKEN},
                    "int8 per-channel weights, int8 per-token activations"),
+    "W8A8_ASYM": Preset({"num_bits": 8, "axis": 0},
+                        {"num_bits": 8, **_PER_TOKEN, "bias": {-1: None, "type": "dynamic", "method": "max_min"}},
+                        "int8 per-channel weights, int8 per-token asymmetric activations"),
     "W4A8": Preset({"num_bits": 4, "block_sizes": {-1: 32, "type": "dynamic"}}, {"num_bits": 8, **_PER_TOKEN},
                    "int4 weights in blocks of 32, int8 per-token activations"),
     "INT8": Preset({"num_bits": 8, "axis": 0}, {"num_bits": 8},

@@ -11,6 +11,8 @@ zero, as ONNX Runtime's float8 QuantizeLinear/DequantizeLinear do.
 
 float16/bfloat16 inputs compute in float32, float64 inputs in float64.
 """
+import math
+
 import torch
 
 AMAX_EPSILON = 2.0**-24
@@ -128,32 +130,29 @@ def entropy_amax(hist, edges, num_bits=8, unsigned=False, stride=1, start_bin=12
 
 # === FP8 (edit only inside this section) ===
 
-# (exponent_bits, mantissa_bits) -> (torch's float8 dtype, largest finite value)
-FP8_FORMATS = {(4, 3): (torch.float8_e4m3fn, 448.0), (5, 2): (torch.float8_e5m2, 57344.0)}
-
-
 def fake_quantize_fp8(x, amax, exponent_bits=4, mantissa_bits=3):
-    """(y, mask) of FP8 fake quantization with torch's float8 casts (round to nearest even):
+    """(y, mask) of FP8 (and FP6) fake quantization, rounding to nearest even (torch's float8
+    casts for E4M3/E5M2, the value grid for FP6 E3M2/E2M3):
 
-        s = fp32(amax) / max              (float32 division; max 448 for E4M3, 57344 for E5M2)
-        y = dtype_of_x(fp8(clamp(x / s, -max, max)) * s)
+        s = fp32(amax) / max              (float32 division; max 448 E4M3, 57344 E5M2, 28 E3M2, 7.5 E2M3)
+        y = dtype_of_x(fmt(clamp(x / s, -max, max)) * s)
 
     in float32 (float64 for float64 x, whose cast to float8 goes through float32, as
     torch's does). Where amax <= 2^-24 the output is 0 (NaN stays NaN); mask marks
     |x| <= amax.
     """
-    if (exponent_bits, mantissa_bits) not in FP8_FORMATS:
+    if (exponent_bits, mantissa_bits) not in ((4, 3), (5, 2), (3, 2), (2, 3)):
         raise ValueError(
-            "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) or (5, 2), "
+            "fakequant: (exponent_bits, mantissa_bits) must be (4, 3), (5, 2), (3, 2) or (2, 3), "
             f"got ({exponent_bits}, {mantissa_bits})"
         )
-    fp8, fmax = FP8_FORMATS[(exponent_bits, mantissa_bits)]
+    fmax = format_max(exponent_bits, mantissa_bits)
     ct = compute_dtype(x)
     a32 = torch.as_tensor(amax).to(x.device, torch.float32)
     zero = a32 <= AMAX_EPSILON
     s = torch.where(zero, torch.ones_like(a32), a32 / fmax).to(ct)
     xs = x.to(ct) / s
-    y = xs.clamp(-fmax, fmax).to(fp8).to(ct) * s
+    y = round_to_format(xs.clamp(-fmax, fmax).float(), exponent_bits, mantissa_bits).to(ct) * s
     y = torch.where(zero, xs.clamp(0, 0), y)  # amax ~ 0: everything to 0, NaN stays NaN
     mask = x.to(ct).abs() <= a32.to(ct)
     return y.to(x.dtype), mask
@@ -164,14 +163,36 @@ def fake_quantize_fp8(x, amax, exponent_bits=4, mantissa_bits=3):
 # === block-wise (edit only inside this section) ===
 
 E4M3_MAX, E5M2_MAX, E2M1_MAX = 448.0, 57344.0, 6.0
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7
+# (exponent_bits, mantissa_bits) of the formats without a torch dtype -> exponent bias
+# (OCP microscaling v1.0: every code finite, no infinities or NaN).
+_GRID_FORMATS = {(2, 1): 1, (3, 2): 3, (2, 3): 1}
 
 
-def round_e2m1(v):
-    """float32 v rounded to FP4 E2M1 (saturating at +-6), ties to the even code; NaN stays NaN."""
-    grid = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=v.device)
-    a = v.double().abs().clamp(max=E2M1_MAX)
-    hi = torch.searchsorted(grid, a.nan_to_num(0.0)).clamp(1, 7)  # grid[hi - 1] < a <= grid[hi]
+def format_values(exponent_bits, mantissa_bits):
+    """The non-negative values of a format without infinities, in code order (float64):
+    subnormals k * 2^(1 - bias - M), then (1 + k / 2^M) * 2^(e - bias)."""
+    bias = _GRID_FORMATS[(exponent_bits, mantissa_bits)]
+    m = 2 ** mantissa_bits
+    values = [k / m * 2.0 ** (1 - bias) for k in range(m)]
+    values += [(1 + k / m) * 2.0 ** (e - bias) for e in range(1, 2 ** exponent_bits) for k in range(m)]
+    return values
+
+
+def format_max(exponent_bits, mantissa_bits):
+    if (exponent_bits, mantissa_bits) == (4, 3):
+        return E4M3_MAX
+    if (exponent_bits, mantissa_bits) == (5, 2):
+        return E5M2_MAX
+    return format_values(exponent_bits, mantissa_bits)[-1]
+
+
+def round_to_grid(v, values):
+    """float32 v rounded to the nearest of ``values`` (ascending, >= 0, in code order),
+    saturating at the last, ties to the even code; signs kept; NaN stays NaN."""
+    grid = torch.tensor(values, dtype=torch.float64, device=v.device)
+    top = len(values) - 1
+    a = v.double().abs().clamp(max=values[-1])
+    hi = torch.searchsorted(grid, a.nan_to_num(0.0)).clamp(1, top)  # grid[hi - 1] < a <= grid[hi]
     below, above = grid[hi - 1], grid[hi]
     d_below, d_above = a - below, above - a
     up = (d_above < d_below) | ((d_above == d_below) & (hi % 2 == 0))
@@ -179,35 +200,78 @@ def round_e2m1(v):
     return torch.where(v.isnan(), v, torch.copysign(r, v))
 
 
-def round_to_float_format(v, exponent_bits):
-    """float32 v rounded (saturating, ties to even) to E2M1 (2), E4M3 (4) or E5M2 (5)."""
-    if exponent_bits == 2:
-        return round_e2m1(v)
-    if exponent_bits == 4:
+def round_to_format(v, exponent_bits, mantissa_bits):
+    """float32 v rounded (saturating, ties to even) to a small float format: torch's float8
+    casts for E4M3/E5M2, the value grid for FP6 E3M2/E2M3 and FP4 E2M1."""
+    if (exponent_bits, mantissa_bits) == (4, 3):
         return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
-    return v.clamp(-E5M2_MAX, E5M2_MAX).to(torch.float8_e5m2).float()
+    if (exponent_bits, mantissa_bits) == (5, 2):
+        return v.clamp(-E5M2_MAX, E5M2_MAX).to(torch.float8_e5m2).float()
+    return round_to_grid(v, format_values(exponent_bits, mantissa_bits))
+
+
+E2M1_VALUES = tuple(format_values(2, 1))  # codes 0..7
+
+
+def round_e2m1(v):
+    """float32 v rounded to FP4 E2M1 (saturating at +-6), ties to the even code; NaN stays NaN."""
+    return round_to_format(v, 2, 1)
+
+
+def round_to_float_format(v, exponent_bits):
+    """float32 v rounded (saturating, ties to even) to the 4- or 8-bit block element with
+    this many exponent bits: E2M1 (2), E4M3 (4) or E5M2 (5)."""
+    return round_to_format(v, *{2: (2, 1), 4: (4, 3), 5: (5, 2)}[exponent_bits])
+
+
+def _block_format(num_bits, exponent_bits):
+    return (exponent_bits, num_bits - 1 - exponent_bits)
 
 
 def blockwise_element_max(num_bits, unsigned, exponent_bits):
     if exponent_bits == 0:
         return float(amax_range(num_bits, unsigned, False)[0])
-    return {2: E2M1_MAX, 4: E4M3_MAX, 5: E5M2_MAX}[exponent_bits]
+    return format_max(*_block_format(num_bits, exponent_bits))
 
 
-def blockwise_saturation_limit(exponent_bits):
+def blockwise_saturation_limit(num_bits, exponent_bits):
     """The largest |xs| that a float format rounds without saturating, ties included:
-    max + half its top step (464 for E4M3, 61440 for E5M2, 7 for E2M1)."""
-    return {2: E2M1_MAX + 1.0, 4: E4M3_MAX + 16.0, 5: E5M2_MAX + 4096.0}[exponent_bits]
+    max + half its top step (464 for E4M3, 61440 for E5M2, 7 for E2M1, 30 for E3M2,
+    7.75 for E2M3), the top step read off the format's two largest values."""
+    e, m = _block_format(num_bits, exponent_bits)
+    if (e, m) in _GRID_FORMATS:
+        values = format_values(e, m)
+        return values[-1] + (values[-1] - values[-2]) / 2
+    return {4: E4M3_MAX + 16.0, 5: E5M2_MAX + 4096.0}[e]
+
+
+def mx_emax(num_bits, exponent_bits):
+    """emax of the MX specification: the exponent of the element format's largest value
+    (E2M1 2, E3M2 4, E2M3 2, E4M3 8, E5M2 15); num_bits - 2 for integers (MXINT8: 6)."""
+    if exponent_bits == 0:
+        return num_bits - 2
+    return int(math.floor(math.log2(format_max(*_block_format(num_bits, exponent_bits)))))
+
+
+def e8m0_scale_of(amax, emax):
+    """2^(floor(log2(amax)) - emax), the exponent clamped to [-127, 127], as float32; NaN where
+    amax is NaN or infinite (OCP microscaling v1.0, section 6.3)."""
+    a = amax.double()
+    _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1): floor(log2 a) = e - 1
+    k = torch.where(a > 0, e - 1, torch.full_like(e, -1000)) - emax
+    s = torch.ldexp(torch.ones_like(a), k.clamp(-127, 127)).float()
+    return torch.where(a.isfinite(), s, torch.full_like(s, float("nan")))
 
 
 def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0,
-                            scale_amax=None):
+                            scale_amax=None, e8m0_scale=False, centered=False):
     """(y, mask) of block-wise dynamic quantization along the last dimension.
 
     Each row is cut into blocks of block_size (the last one shorter); per block, in float32:
         amax = max |x|                                   (NaN in the block: NaN)
         s    = amax / elem_max                           one level
         s    = e4m3(fp32(amax / elem_max) / g) * g       two levels, g = scale_amax / (elem_max * 448)
+        s    = 2^clamp(floor(log2 amax) - emax, -127, 127)  e8m0_scale (MX), never degenerate
         degenerate where amax <= 2^-24, s == 0 or g <= 0: outputs 0 (NaN stays NaN), mask = not NaN
     and per element, in the compute type ct:
         xs = x / s;  q = clamp(rint(xs), qmin, qmax) (integers) or round_to_format(fp32(xs)) (floats)
@@ -217,6 +281,9 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
     rounds just above bound.) Float elements round xs in float32 even for float64 inputs, as
     torch's float8 casts do.
     A block holding +-inf has amax inf: with one level its scale is inf and its outputs NaN.
+    Centered blocks (per-token asymmetric): with mx and mn the block's max and min in float32
+    (-0 below +0), the centre b = mx * 0.5 + mn * 0.5 and amax = max(mx - b, b - mn); the
+    elements are x - b (in ct) quantized as above, plus b (a degenerate block gives b).
     """
     ct = compute_dtype(x)
     shape = x.shape
@@ -225,20 +292,42 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
     rows = x.reshape(-1, 1) if x.dim() == 0 else x.reshape(-1, shape[-1])
     length = rows.shape[1]
     nblocks = -(-length // block_size)
-    padded = torch.nn.functional.pad(rows, (0, nblocks * block_size - length))
+    extra = nblocks * block_size - length
+    if centered:  # padded with the row's last element: the last block's min and max stay
+        padded = torch.cat([rows, rows[:, -1:].expand(-1, extra)], 1)
+    else:
+        padded = torch.nn.functional.pad(rows, (0, extra))
     xb = padded.reshape(rows.shape[0], nblocks, block_size)
 
     elem_max = blockwise_element_max(num_bits, unsigned, exponent_bits)
-    amax = xb.abs().amax(-1, keepdim=True).float()
+    if centered:
+        xf = xb.float()
+        zero = torch.zeros((), device=x.device)
+
+        def zero_aware(m, keep_positive):  # a zero extreme: +0 where the block holds +0 (max) / no -0 (min)
+            pos, neg = ((xf == 0) & ~xf.signbit()).any(-1, keepdim=True), ((xf == 0) & xf.signbit()).any(-1, keepdim=True)
+            positive = pos if keep_positive else ~neg
+            return torch.where(m == 0, torch.where(positive, zero, -zero), m)
+
+        mx = zero_aware(xf.amax(-1, keepdim=True), True)
+        mn = zero_aware(xf.amin(-1, keepdim=True), False)
+        center = mx * 0.5 + mn * 0.5
+        amax = torch.maximum(mx - center, center - mn)
+        xb = xb.to(compute_dtype(x)) - center.to(compute_dtype(x))
+    else:
+        amax = xb.abs().amax(-1, keepdim=True).float()
     # Divisions by tensors: torch's CUDA kernels multiply by the reciprocal of a Python number.
     s = amax / torch.full_like(amax, elem_max)
     degenerate = amax <= AMAX_EPSILON
     if scale_amax is not None:
         sa = torch.as_tensor(scale_amax).to(x.device, torch.float32).reshape(1, 1, 1)
         g = sa / torch.full_like(sa, elem_max * E4M3_MAX)  # elem_max * 448: exact
-        s = round_to_float_format(s / g, 4) * g
+        s = round_to_format(s / g, 4, 3) * g
         degenerate = degenerate | (g <= 0)
     degenerate = degenerate | (s == 0)
+    if e8m0_scale:
+        s = e8m0_scale_of(amax, mx_emax(num_bits, exponent_bits))
+        degenerate = torch.zeros_like(degenerate)
 
     xc = xb.to(ct)
     xs = xc / s.to(ct)
@@ -248,11 +337,13 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
         q = r.clamp(qmin, bound) + 0.0  # NaN stays NaN; +0.0 for q = -0.0
         inside = (r >= qmin) & (r <= bound)
     else:
-        q = round_to_float_format(xs.float(), exponent_bits).to(ct)
-        inside = xs.abs() <= blockwise_saturation_limit(exponent_bits)
+        q = round_to_format(xs.float(), *_block_format(num_bits, exponent_bits)).to(ct)
+        inside = xs.abs() <= blockwise_saturation_limit(num_bits, exponent_bits)
     y = q * s.to(ct)
     y = torch.where(degenerate, torch.where(xc.isnan(), xc, torch.zeros_like(xc)), y)
     mask = torch.where(degenerate, ~xc.isnan(), inside)
+    if centered:
+        y = y + center.to(ct)
 
     def unblock(t):
         return t.reshape(rows.shape[0], nblocks * block_size)[:, :length].reshape(shape)

@@ -75,6 +75,34 @@ def _amax_to_array(amax, name="amax") -> np.ndarray:
     return value
 
 
+_BIAS_STRING_KEYS = {"type": ("static", "dynamic"), "method": ("mean", "max_min")}
+
+
+def _normalize_bias(bias):
+    """Model Optimizer's ``bias`` dict, checked: int axes (values None) and the string keys
+    ``type`` and ``method``."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise TypeError(f"bias must be a dict or None, got {type(bias).__name__}")
+    out = {}
+    for key, value in bias.items():
+        if isinstance(key, str):
+            if key not in _BIAS_STRING_KEYS or value not in _BIAS_STRING_KEYS[key]:
+                allowed = {k: list(v) for k, v in _BIAS_STRING_KEYS.items()}
+                raise ValueError(f"bias[{key!r}] = {value!r}: the string keys and values are {allowed}")
+            out[key] = value
+        elif _is_int(key):
+            if value is not None:
+                raise ValueError(f"bias[{key}] must be None (the axis the bias is computed along), got {value!r}")
+            out[int(key)] = None
+        else:
+            raise TypeError(f"bias keys must be ints (axes) or strings, got {key!r}")
+    if not any(isinstance(k, int) for k in out):
+        raise ValueError(f"bias must name at least one axis, got {bias!r}")
+    return out
+
+
 def _normalize_block_sizes(block_sizes):
     if block_sizes is None:
         return None
@@ -90,7 +118,11 @@ def _normalize_block_sizes(block_sizes):
             if key == "type" and value not in ("static", "dynamic"):
                 raise ValueError(f"block_sizes['type'] must be 'static' or 'dynamic', got {value!r}")
             if key == "scale_bits" and value is not None:
-                check_num_bits(value, "block_sizes['scale_bits']")
+                value = tuple(value) if isinstance(value, (tuple, list)) else value
+                if value not in _core.BLOCK_SCALE_BITS:
+                    raise ValueError(f"block_sizes['scale_bits'] must be (4, 3) (E4M3 block scales under a "
+                                     f"per-tensor scale, NVFP4) or (8, 0) (E8M0 power-of-two block scales, "
+                                     f"the MX formats), got {value!r}")
             out[key] = tuple(value) if isinstance(value, list) else value
         elif _is_int(key):
             if value is not None and not (_is_int(value) and value > 0):
@@ -132,6 +164,11 @@ class ScaledQuantDescriptor:
             Default False (as pytorch-quantization's descriptor).
         dynamic: if True, amax is always computed from the tensor being quantized,
             even after calibration. Default False.
+        bias: None, or Model Optimizer's affine-quantization bias ``{axis: None, "type": "dynamic",
+            "method": "max_min"}``: the tensor is quantized about the centre of its range along
+            ``axis`` (``max / 2 + min / 2``), computed from each input in the quantizing pass.
+            With ``block_sizes={-1: None}`` on the same axis it is per-token asymmetric
+            quantization. Only this dynamic ``max_min`` form is implemented.
         type: ``"dynamic"`` (Model Optimizer's spelling of ``dynamic=True``) or ``"static"``.
             Per-token dynamic quantization of activations is
             ``type="dynamic", block_sizes={-1: None}``: one amax per row (token), computed
@@ -170,6 +207,7 @@ class ScaledQuantDescriptor:
         self._unsigned = _check_bool(kwargs.pop("unsigned", False), "unsigned")
         self._narrow_range = _check_bool(kwargs.pop("narrow_range", False), "narrow_range")
         self._dynamic = _check_bool(kwargs.pop("dynamic", False), "dynamic")
+        self._bias = _normalize_bias(kwargs.pop("bias", None))
         kind = kwargs.pop("type", None)  # Model Optimizer's spelling of dynamic=True
         if kind is not None:
             if kind not in ("static", "dynamic"):
@@ -252,6 +290,10 @@ class ScaledQuantDescriptor:
     def dynamic(self):
         return self._dynamic
 
+    @property
+    def bias(self):
+        return copy.copy(self._bias)
+
     # -- comparison and printing -------------------------------------------------
     def __eq__(self, other):
         if not isinstance(other, ScaledQuantDescriptor):
@@ -278,6 +320,8 @@ class ScaledQuantDescriptor:
             s += " narrow"
         if self._dynamic:
             s += " dynamic"
+        if self._bias is not None:
+            s += f" bias={self._bias}"
         if self._calib_method != "max":
             s += f" calib_method={self._calib_method}"
         return s + ")"
@@ -311,6 +355,8 @@ class ScaledQuantDescriptor:
             d["narrow_range"] = True
         if self._dynamic:
             d["dynamic"] = True
+        if self._bias is not None:
+            d["bias"] = dict(self._bias)
         return d
 
     def to_yaml(self) -> str:

@@ -24,6 +24,8 @@ FORMATS = {
     "int4": (4, False, True, 0),
     "uint4-wide": (4, True, False, 0),
     "E2M1": (4, False, True, 2),
+    "E3M2": (6, False, True, 3),
+    "E2M3": (6, False, True, 2),
     "E4M3": (8, False, True, 4),
     "E5M2": (8, False, True, 5),
 }

@@ -99,6 +99,8 @@ FAMILIES = {
     "quantize_amax": lambda x: ("quantize_amax", x, t(3.0), 8, False, True),
     "fp8_e4m3": lambda x: ("fake_quantize_fp8", x, t(3.0), 4, 3),
     "fp8_e5m2": lambda x: ("fake_quantize_fp8", x, t(3.0), 5, 2),
+    "fp6_e3m2": lambda x: ("fake_quantize_fp8", x, t(3.0), 3, 2),
+    "fp6_e2m3": lambda x: ("fake_quantize_fp8", x, t(3.0), 2, 3),
     "lsq": lambda x: ("fake_quantize_lsq", x, t(0.05), t(2.0), None, -128, 127, 1.0),
 }
 
@@ -198,13 +200,24 @@ def test_mask_backward_layouts():
 
 # --- block-wise (blockwise.cu) --------------------------------------------------------------------
 
-ELEMENTS = {  # (num_bits, unsigned, narrow_range, exponent_bits, two-level)
-    "int8": (8, False, True, 0, False),
-    "uint4": (4, True, False, 0, False),
-    "fp8_e4m3": (8, False, True, 4, False),
-    "fp8_e5m2": (8, False, True, 5, False),
-    "fp4_e2m1": (4, False, True, 2, False),
-    "nvfp4": (4, False, True, 2, True),
+ELEMENTS = {  # (num_bits, unsigned, narrow_range, exponent_bits, two-level, e8m0_scale, centered)
+    "int8": (8, False, True, 0, False, False, False),
+    "uint4": (4, True, False, 0, False, False, False),
+    "fp8_e4m3": (8, False, True, 4, False, False, False),
+    "fp8_e5m2": (8, False, True, 5, False, False, False),
+    "fp6_e3m2": (6, False, True, 3, False, False, False),
+    "fp6_e2m3": (6, False, True, 2, False, False, False),
+    "fp4_e2m1": (4, False, True, 2, False, False, False),
+    "nvfp4": (4, False, True, 2, True, False, False),
+    # the OCP microscaling formats: E8M0 block scales
+    "mxfp8": (8, False, True, 4, False, True, False),
+    "mxfp6": (6, False, True, 3, False, True, False),
+    "mxfp4": (4, False, True, 2, False, True, False),
+    "mxint8": (8, False, False, 0, False, True, False),
+    # blocks quantized about their centre (per-token asymmetric)
+    "centered_int8": (8, False, False, 0, False, False, True),
+    "centered_fp8": (8, False, True, 4, False, False, True),
+    "centered_mxfp4": (4, False, True, 2, False, True, True),
 }
 # Block sizes that divide 32, that 32 divides, neither, and long blocks (a
 # thread block each from 1024 on).
@@ -212,9 +225,10 @@ BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 3, 7, 24, 33, 48, 64, 96, 128, 129, 200, 1024
 
 
 def blockwise(x, block_size, element):
-    num_bits, unsigned, narrow, ebits, two_level = ELEMENTS[element]
+    num_bits, unsigned, narrow, ebits, two_level, e8m0, centered = ELEMENTS[element]
     scale_amax = x.detach().abs().float().nan_to_num(0, 0, 0).amax().reshape(1) if two_level else None
-    return cpu_and_cuda("fake_quantize_blockwise", x, block_size, num_bits, unsigned, narrow, ebits, scale_amax)
+    return cpu_and_cuda("fake_quantize_blockwise", x, block_size, num_bits, unsigned, narrow, ebits, scale_amax,
+                        True, e8m0, centered)
 
 
 @pytest.mark.parametrize("ragged", [False, True], ids=["whole", "ragged"])
@@ -222,7 +236,7 @@ def blockwise(x, block_size, element):
 def test_blockwise_block_sizes(block_size, ragged):
     # rows of two blocks, or of two and a shorter one (a ragged last block)
     last = 2 * block_size + (max(1, block_size // 3) if ragged else 0)
-    for element in ("int8", "fp4_e2m1"):
+    for element in ("int8", "fp4_e2m1", "mxfp4", "centered_int8"):
         x = shaped((3, last), torch.float32)
         y, mask = blockwise(x, block_size, element)
         assert mask.untyped_storage().nbytes() == (x.numel() + 7) // 8
@@ -253,6 +267,8 @@ def test_blockwise_long_row():
     x = data(70000, torch.float32).reshape(1, 70000)
     blockwise(x, 70000, "int8")
     blockwise(x, 30000, "nvfp4")  # two blocks of 30,000 and a ragged one of 10,000
+    blockwise(x, 70000, "centered_int8")
+    blockwise(x, 30000, "mxfp8")
 
 
 @pytest.mark.parametrize("block_size", [16, 33, 1024])

@@ -750,7 +750,7 @@ def test_fuzz_reduce_amax(x, axis, keepdims):
 # --- FP8, block-wise, LSQ: random tensors and parameters against the reference ----------------
 
 
-@given(x=tensors(dtype=None, modes=("normal", "grid", "special")), fmt=st.sampled_from([(4, 3), (5, 2)]),
+@given(x=tensors(dtype=None, modes=("normal", "grid", "special")), fmt=st.sampled_from([(4, 3), (5, 2), (3, 2), (2, 3)]),
        amax=st.sampled_from([0.0, 2.0**-25, 1e-3, 0.7, 3.0, 500.0]), per_channel=st.booleans())
 @FUZZ
 def test_fuzz_fp8(x, fmt, amax, per_channel):
@@ -769,15 +769,19 @@ def test_fuzz_fp8(x, fmt, amax, per_channel):
 
 @given(x=tensors(modes=("normal", "grid", "special")), block_size=st.sampled_from([1, 3, 16, 32, 100]),
        elements=st.sampled_from([(8, 0, False, True), (4, 0, True, False), (8, 4, False, True), (8, 5, False, True),
-                                 (4, 2, False, True)]),
-       scale_amax=st.sampled_from([None, 0.0, 1.0, 37.5]))
+                                 (4, 2, False, True), (6, 3, False, True), (6, 2, False, True), (8, 0, False, False)]),
+       scale_amax=st.sampled_from([None, 0.0, 1.0, 37.5]), e8m0=st.booleans(), centered=st.booleans())
 @FUZZ
-def test_fuzz_blockwise(x, block_size, elements, scale_amax):
+def test_fuzz_blockwise(x, block_size, elements, scale_amax, e8m0, centered):
     count("blockwise", True)
     num_bits, exponent_bits, unsigned, narrow = elements
+    if e8m0:  # the MX scales take no scale_amax and signed elements
+        scale_amax, unsigned = None, False
     sa = None if scale_amax is None else torch.tensor(scale_amax, device=x.device)
-    y, mask = ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa)
-    ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa)
+    y, mask = ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa, True, e8m0,
+                                          centered)
+    ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa, e8m0,
+                                            centered)
     assert_same(y, ey)
     assert bits_equal(fakequant.unpack_mask(mask, y), emask)
 

@@ -22,7 +22,7 @@ LAYERS = [
     ("plain-PyTorch reference for tests", {"reference"}),
     ("constants, validation, switches", {"_core"}),
     ("operators: the only user of torch.ops.fakequant", {"ops"}),
-    ("descriptors and functions", {"tensor_quant"}),
+    ("descriptors, functions and named recipes", {"tensor_quant", "presets"}),
     ("calibration statistics", {"calib"}),
     ("quantizers and quantized modules; torch.ao / torchao drop-in modules", {"nn", "ao"}),
     ("model level", {"quant_modules", "utils", "optim"}),

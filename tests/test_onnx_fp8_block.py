@@ -3,8 +3,9 @@
 LSQ as the affine QDQ pair), run in ONNX Runtime and compared with PyTorch bit for
 bit, with both exporters where they can write the graph.
 
-What ONNX Runtime cannot run is named in the tests that expect it: FP4 E2M1 has no
-QuantizeLinear there (exported as Div/Round/Mul), and blocks holding NaN differ
+What ONNX Runtime cannot run is named in the tests that expect it: FP4 E2M1 and the FP6
+formats have no QuantizeLinear there (exported as Div/round/Mul), E8M0 scales are computed
+in float32 (ONNX Runtime has no E8M0 DequantizeLinear), and blocks holding NaN differ
 (ReduceMax does not propagate NaN as the operator does).
 """
 import warnings
@@ -42,6 +43,8 @@ class Branch(torch.nn.Module):
         return self.fn(x)
 
 
+MX = {-1: 32, "type": "dynamic", "scale_bits": (8, 0)}  # Model Optimizer's spelling of the MX formats
+ASYM = {"type": "dynamic", "block_sizes": {-1: None}, "bias": {-1: None, "type": "dynamic", "method": "max_min"}}
 PC_AMAX = torch.tensor([0.7, 1.3, 2.1, 3.9]).reshape(1, C, 1)
 BLOCK_AMAX = torch.rand(N, C, L // 8, 1, generator=torch.Generator().manual_seed(3)) * 3 + 0.5
 
@@ -72,6 +75,29 @@ CASES = {
     "nvfp4_torchscript": (lambda: quantizer(num_bits=(2, 1),
                                             block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}),
                           20, ("torchscript",), "arithmetic"),
+    # the OCP microscaling formats: E8M0 block scales computed exactly in the graph (Log, Floor,
+    # Pow, comparisons), then block QuantizeLinear (integer, FP8 elements) or arithmetic (FP6, FP4)
+    "mxfp8_e4m3": (lambda: quantizer(num_bits=(4, 3), block_sizes=MX), 21, ("dynamo",), "block"),
+    "mxfp8_e5m2": (lambda: quantizer(num_bits=(5, 2), block_sizes=MX), 21, ("dynamo",), "block"),
+    "mxint8": (lambda: quantizer(num_bits=8, block_sizes=MX), 21, ("dynamo",), "block"),
+    "mxfp6_e3m2": (lambda: quantizer(num_bits=(3, 2), block_sizes=MX), 21, ("dynamo",), "arithmetic"),
+    "mxfp6_e2m3": (lambda: quantizer(num_bits=(2, 3), block_sizes=MX), 21, ("dynamo",), "arithmetic"),
+    "mxfp4": (lambda: quantizer(num_bits=(2, 1), block_sizes=MX), 21, ("dynamo",), "arithmetic"),
+    "mxfp4_torchscript": (lambda: quantizer(num_bits=(2, 1), block_sizes=MX), 20, ("torchscript",), "arithmetic"),
+    # FP6 on its own (per tensor): no ONNX type, Div/round/Mul
+    "fp6_e3m2": (lambda: quantizer(2.0, num_bits=(3, 2)), 19, ("dynamo", "torchscript"), "arithmetic"),
+    "fp6_e2m3": (lambda: quantizer(2.0, num_bits=(2, 3)), 19, ("dynamo", "torchscript"), "arithmetic"),
+    # per-token dynamic activations: one block the length of the last axis
+    "per_token_int8": (lambda: quantizer(num_bits=8, type="dynamic", block_sizes={-1: None}), 21, ("dynamo",),
+                       "block"),
+    "per_token_fp8": (lambda: quantizer(num_bits=(4, 3), type="dynamic", block_sizes={-1: None}), 21, ("dynamo",),
+                      "block"),
+    # per-token asymmetric (Model Optimizer's dynamic max_min bias): the row's centre subtracted
+    # before the block QuantizeLinear and added after the DequantizeLinear
+    "per_token_asym_int8": (lambda: quantizer(num_bits=8, **ASYM), 21, ("dynamo",), "block"),
+    "per_token_asym_fp8": (lambda: quantizer(num_bits=(4, 3), **ASYM), 21, ("dynamo",), "block"),
+    "blocks_asym_e2m1": (lambda: Branch(lambda x: fakequant.fake_quantize_blockwise(
+        x, 16, 4, exponent_bits=2, centered=True)), 21, ("dynamo",), "arithmetic"),
     "lsq_per_channel": (lambda: Branch(lambda x: fakequant.fake_quantize_lsq(
         x, torch.tensor([0.01, 0.02, 0.03, 0.05]), torch.tensor([0, -5, 7, 1], dtype=torch.int32), 1, -128, 127)),
         13, ("dynamo", "torchscript"), "qdq"),
@@ -84,8 +110,11 @@ def inputs():
     vals = vals[vals.isfinite()].unique()
     mids = ((vals[1:] + vals[:-1]) / 2)  # exact ties of E4M3 at scale 1
     ties = torch.cat([mids, -mids]).repeat(N * C * L // (2 * len(mids)) + 1)[:N * C * L].reshape(N, C, L)
+    # magnitudes over many decades per row (tiny blocks far below 2^-24 included), so that
+    # the MX formats' power-of-two scales take many exponents, the clamp at 2^-127 too
+    spread = torch.randn(N, C, L, generator=g) * torch.logspace(-45, 30, N * C, base=2.0).reshape(N, C, 1)
     return [torch.randn(N, C, L, generator=g) * 2, torch.randn(N, C, L, generator=g) * 40, ties * (2.0 / 448),
-            torch.zeros(N, C, L)]
+            torch.zeros(N, C, L), spread]
 
 
 def export(module, exporter, opset, path):
@@ -138,12 +167,12 @@ def test_onnxruntime_equals_pytorch(tmp_path, name, exporter, opset):
                    for t in _tensor_types(proto, q.input[2]))
     elif kind == "block":
         q = next(node for node in proto.graph.node if node.op_type == "QuantizeLinear")
-        assert _attr(q, "block_size") in (8, 16)
+        assert _attr(q, "block_size") in (8, 16, 32, L)
         if name.startswith("dynamic"):
             assert "ReduceMax" in types and any("dynamic" in str(w.message) for w in caught)
     elif kind == "arithmetic":
         assert "QuantizeLinear" not in types and "Round" in types
-        assert any("E2M1" in str(w.message) for w in caught)
+        assert any("Div/round/Mul" in str(w.message) for w in caught)
     else:
         assert "QuantizeLinear" in types and "DequantizeLinear" in types
 

@@ -386,7 +386,7 @@ def test_nvfp4_and_fp8_block_quantizers():
     fp8 = TensorQuantizer(desc(num_bits=(4, 3), block_sizes={0: 4, "type": "dynamic"}))
     expected = reference.fake_quantize_blockwise(x.t(), 4, 8, False, True, 4)[0].t()
     assert bits_equal(fp8(x), expected)
-    with pytest.raises(NotImplementedError, match="scale_bits"):
+    with pytest.raises(ValueError, match="scale_bits"):
         TensorQuantizer(desc(num_bits=4, block_sizes={-1: 16, "type": "dynamic", "scale_bits": 8}))
     with pytest.raises(ValueError, match="E2M1"):
         desc(num_bits=(2, 1))

@@ -36,9 +36,28 @@ struct Geometry : BlockGeometry {
 template <typename C>
 struct Consts {
   BlockRule<C> rule;
-  float elem_max, g;  // g: the per-tensor scale of two-level scales (else 1)
-  bool two_level;
+  BlockScaleRule scale;
+  float g;  // the per-tensor scale of two-level scales (else 1)
+  bool centered;  // blocks quantized about their centre (contract.h, centered blocks)
 };
+
+// The scales of n blocks and whether each is degenerate; any_degenerate ors them.
+inline void block_scales(const float* __restrict__ amax, float* __restrict__ scale,
+                         uint8_t* __restrict__ degenerate, int64_t n, const BlockScaleRule& r,
+                         float g, uint8_t& any_degenerate) {
+  static_switch<BlockScale, BlockScale::kFloat32, BlockScale::kE4M3, BlockScale::kE8M0>(
+      r.kind, [&](auto kind) {
+        constexpr BlockScale K = decltype(kind)::value;
+        for (int64_t i = 0; i < n; ++i) scale[i] = blockwise_scale<K>(amax[i], r, g);
+        uint8_t any = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const uint8_t d = blockwise_degenerate(amax[i], scale[i], g, K);
+          degenerate[i] = d;
+          any |= d;
+        }
+        any_degenerate = any;
+      });
+}
 
 // max |x| over a block, in float32: the largest bit pattern of |fp32(x)|.
 template <int kLen, typename scalar_t>
@@ -50,6 +69,20 @@ inline float block_amax(const scalar_t* __restrict__ x, int64_t len) {
     m = b > m ? b : m;
   }
   return bits_to_float(m);
+}
+
+// The centre and amax of a centered block, from its elements' order keys (branch-free,
+// vectorised: two integer max reductions).
+template <typename scalar_t>
+inline Centered block_centered(const scalar_t* __restrict__ x, int64_t len) {
+  uint32_t hi = 0, neg = 0;
+  for (int64_t k = 0; k < len; ++k) {
+    const float v = static_cast<float>(x[k]);
+    const uint32_t a = order_key(v), b = order_key(-v);
+    hi = a > hi ? a : hi;
+    neg = b > neg ? b : neg;
+  }
+  return centered_block(hi, neg);
 }
 
 // One element of a block with scale s (the mask byte in m).
@@ -85,6 +118,17 @@ inline void quantize_run(const scalar_t* __restrict__ x, const C* __restrict__ s
   for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<E>(x[k], s[k], m[k], c);
 }
 
+// A run of elements of centered blocks: each with its own scale s[k] and centre b[k].
+template <Elem E, typename scalar_t, typename C>
+inline void quantize_run_centered(const scalar_t* __restrict__ x, const C* __restrict__ s,
+                                  const C* __restrict__ b, scalar_t* __restrict__ y,
+                                  uint8_t* __restrict__ m, int64_t n, const BlockRule<C> c) {
+  for (int64_t k = 0; k < n; ++k) {
+    const C v = blockwise_value<E>(sub_rn(static_cast<C>(x[k]), b[k]), s[k], c, m[k]);
+    y[k] = static_cast<scalar_t>(add_rn(v, b[k]));
+  }
+}
+
 template <typename C>
 inline void fill(C* __restrict__ p, int64_t n, C v) {
   for (int64_t k = 0; k < n; ++k) p[k] = v;
@@ -97,17 +141,29 @@ inline void zero_block(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
   for (int64_t k = 0; k < n; ++k) y[k] = static_cast<scalar_t>(degenerate_value(static_cast<C>(x[k]), m[k]));
 }
 
+// A degenerate centered block: its centre (degenerate_value of x - b, plus b).
+template <typename scalar_t, typename C>
+inline void zero_block_centered(const scalar_t* __restrict__ x, C b, scalar_t* __restrict__ y,
+                                uint8_t* __restrict__ m, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) {
+    y[k] = static_cast<scalar_t>(add_rn(degenerate_value(sub_rn(static_cast<C>(x[k]), b), m[k]), b));
+  }
+}
+
 template <typename C>
 struct Scratch {
-  std::vector<float> amax, scale;   // per block
-  std::vector<uint8_t> degenerate;  // per block
-  std::vector<C> element_scale;     // per element (blocks of a run-time size only)
-  std::vector<uint8_t> mask;        // per element, 0 or 1
-  Scratch(int64_t blocks, int64_t elements, bool per_element_scale)
+  std::vector<float> amax, scale, center;  // per block (center: centered blocks only)
+  std::vector<uint8_t> degenerate;         // per block
+  std::vector<C> element_scale;            // per element (blocks of a run-time size only)
+  std::vector<C> element_center;           // per element (centered blocks only)
+  std::vector<uint8_t> mask;               // per element, 0 or 1
+  Scratch(int64_t blocks, int64_t elements, bool per_element_scale, bool centered)
       : amax(blocks),
         scale(blocks),
+        center(centered ? blocks : 0),
         degenerate(blocks),
         element_scale(per_element_scale ? elements : 0),
+        element_center(centered ? elements : 0),
         mask(elements) {}
 };
 
@@ -117,7 +173,7 @@ struct Scratch {
 // blocks again. kBS > 0: every row is one block of kBS elements (a compile-time
 // trip count). kBS == 0: any geometry; the scales are spread over the elements
 // first, so that the elements are one run whatever the block size.
-template <typename scalar_t, Elem E, int kBS>
+template <typename scalar_t, Elem E, int kBS, bool kCentered>
 FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                          int64_t rows, const Geometry& geo,
                                          const Consts<compute_t<scalar_t>>& c,
@@ -131,7 +187,18 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
   uint8_t* __restrict__ degenerate = sc.degenerate.data();
   uint8_t* __restrict__ mask = sc.mask.data();
 
-  if constexpr (kBS > 0) {
+  static_assert(!kCentered || kBS == 0, "centered blocks take the run-time geometry");
+  if constexpr (kCentered) {
+    float* __restrict__ center = sc.center.data();
+    for (int64_t r = 0, i = 0; r < rows; ++r) {
+      const scalar_t* xr = x + r * R;
+      for (int64_t j = 0; j < nb; ++j, ++i) {
+        const Centered cb = block_centered(xr + j * bs, j + 1 < nb ? bs : last);
+        center[i] = cb.center;
+        amax[i] = cb.amax;
+      }
+    }
+  } else if constexpr (kBS > 0) {
     for (int64_t i = 0; i < nblocks; ++i) amax[i] = block_amax<kBS>(x + i * kBS, kBS);
   } else {
     for (int64_t r = 0, i = 0; r < rows; ++r) {
@@ -154,19 +221,9 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
     }
   }
 
-  const float emax = c.elem_max, g = c.g;
   const BlockRule<C> rule = c.rule;
-  if (c.two_level) {
-    for (int64_t i = 0; i < nblocks; ++i) scale[i] = blockwise_scale<true>(amax[i], emax, g);
-  } else {
-    for (int64_t i = 0; i < nblocks; ++i) scale[i] = blockwise_scale<false>(amax[i], emax, 1.0f);
-  }
   uint8_t any_degenerate = 0;
-  for (int64_t i = 0; i < nblocks; ++i) {
-    const uint8_t d = blockwise_degenerate(amax[i], scale[i], g);
-    degenerate[i] = d;
-    any_degenerate |= d;
-  }
+  block_scales(amax, scale, degenerate, nblocks, c.scale, c.g, any_degenerate);
 
   if constexpr (kBS > 0 && kBS < 32) {
     int64_t i = 0;
@@ -191,7 +248,18 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
       for (int64_t j = 0; j + 1 < nb; ++j) fill(er + j * bs, bs, static_cast<C>(scale[i++]));
       fill(er + (nb - 1) * bs, last, static_cast<C>(scale[i++]));
     }
-    quantize_run<E>(x, es, y, mask, rows * R, rule);
+    if constexpr (kCentered) {
+      C* __restrict__ ec = sc.element_center.data();
+      const float* __restrict__ center = sc.center.data();
+      for (int64_t r = 0, i = 0; r < rows; ++r) {
+        C* cr = ec + r * R;
+        for (int64_t j = 0; j + 1 < nb; ++j) fill(cr + j * bs, bs, static_cast<C>(center[i++]));
+        fill(cr + (nb - 1) * bs, last, static_cast<C>(center[i++]));
+      }
+      quantize_run_centered<E>(x, es, ec, y, mask, rows * R, rule);
+    } else {
+      quantize_run<E>(x, es, y, mask, rows * R, rule);
+    }
   }
 
   if (any_degenerate) {
@@ -199,14 +267,19 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
       for (int64_t j = 0; j < nb; ++j, ++i) {
         if (degenerate[i]) {
           const int64_t e = r * R + j * bs;
-          zero_block<scalar_t, C>(x + e, y + e, mask + e, j + 1 < nb ? bs : last);
+          if constexpr (kCentered) {
+            zero_block_centered<scalar_t, C>(x + e, static_cast<C>(sc.center[i]), y + e, mask + e,
+                                             j + 1 < nb ? bs : last);
+          } else {
+            zero_block<scalar_t, C>(x + e, y + e, mask + e, j + 1 < nb ? bs : last);
+          }
         }
       }
     }
   }
 }
 
-template <typename scalar_t, Elem E, int kBS>
+template <typename scalar_t, Elem E, int kBS, bool kCentered = false>
 void blockwise_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const Geometry& geo,
                     const Consts<compute_t<scalar_t>>& c) {
   const int64_t n = x.numel();
@@ -219,11 +292,11 @@ void blockwise_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const 
   scalar_t* yp = y.mutable_data_ptr<scalar_t>();
   uint8_t* mp = mask.mutable_data_ptr<uint8_t>();
   at::parallel_for(0, ntiles, grain, [&](int64_t t0, int64_t t1) {
-    Scratch<compute_t<scalar_t>> sc(tile_rows * geo.blocks_per_row, tile_rows * R, kBS == 0);
+    Scratch<compute_t<scalar_t>> sc(tile_rows * geo.blocks_per_row, tile_rows * R, kBS == 0, kCentered);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = t * tile_rows, nrows = std::min(rows, r0 + tile_rows) - r0;
       const int64_t e0 = r0 * R;  // a multiple of 8
-      blockwise_tile<scalar_t, E, kBS>(xp + e0, yp + e0, nrows, geo, c, sc);
+      blockwise_tile<scalar_t, E, kBS, kCentered>(xp + e0, yp + e0, nrows, geo, c, sc);
       pack_bits(sc.mask.data(), nrows * R, mp + e0 / 8);
     }
   });
@@ -241,7 +314,7 @@ template <typename scalar_t, Elem E>
 FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                            uint8_t* __restrict__ mask, int64_t e0, int64_t e1,
                                            const Geometry& geo, const float* scale,
-                                           const uint8_t* degenerate,
+                                           const uint8_t* degenerate, const float* center,
                                            const BlockRule<compute_t<scalar_t>> rule) {
   using C = compute_t<scalar_t>;
   const int64_t R = geo.row_len, bs = geo.block_size, nb = geo.blocks_per_row;
@@ -250,7 +323,18 @@ FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scala
     const int64_t block_end = std::min(R, (j + 1) * bs);  // a column
     const int64_t len = std::min(e1 - e, block_end - col);
     const int64_t b = row * nb + j;
-    if (degenerate[b]) {
+    if (center != nullptr) {  // centered blocks (contract.h)
+      const C cb = static_cast<C>(center[b]);
+      if (degenerate[b]) {
+        zero_block_centered<scalar_t, C>(x + e, cb, y + e, mask + (e - e0), len);
+      } else {
+        for (int64_t k = 0; k < len; ++k) {
+          const C v = blockwise_value<E>(sub_rn(static_cast<C>(x[e + k]), cb), static_cast<C>(scale[b]),
+                                         rule, mask[e - e0 + k]);
+          y[e + k] = static_cast<scalar_t>(add_rn(v, cb));
+        }
+      }
+    } else if (degenerate[b]) {
       zero_block<scalar_t, C>(x + e, y + e, mask + (e - e0), len);
     } else {
       quantize_block<E, 0>(x + e, static_cast<C>(scale[b]), y + e, mask + (e - e0), len, rule);
@@ -277,18 +361,24 @@ void long_blocks_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, cons
   const scalar_t* xp = x.const_data_ptr<scalar_t>();
   scalar_t* yp = y.mutable_data_ptr<scalar_t>();
   uint8_t* mp = mask.mutable_data_ptr<uint8_t>();
-  std::vector<float> scale(nblocks);
+  std::vector<float> scale(nblocks), center(c.centered ? nblocks : 0);
   std::vector<uint8_t> degenerate(nblocks);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / bs);
   at::parallel_for(0, nblocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t row = b / nb, j = b - row * nb;
       const int64_t len = j + 1 == nb ? geo.last_len : bs;
-      const float amax = long_block_amax(xp + row * R + j * bs, len);
-      const float s = c.two_level ? blockwise_scale<true>(amax, c.elem_max, c.g)
-                                  : blockwise_scale<false>(amax, c.elem_max, 1.0f);
+      float amax;
+      if (c.centered) {
+        const Centered cb = block_centered(xp + row * R + j * bs, len);
+        center[b] = cb.center;
+        amax = cb.amax;
+      } else {
+        amax = long_block_amax(xp + row * R + j * bs, len);
+      }
+      const float s = blockwise_scale(amax, c.scale, c.g);
       scale[b] = s;
-      degenerate[b] = blockwise_degenerate(amax, s, c.g);
+      degenerate[b] = blockwise_degenerate(amax, s, c.g, c.scale.kind);
     }
   });
   const int64_t ntiles = (n + kTile - 1) / kTile;
@@ -297,7 +387,7 @@ void long_blocks_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, cons
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t e0 = t * kTile, e1 = std::min(n, e0 + kTile);
       long_blocks_tile<scalar_t, E>(xp, yp, local.data(), e0, e1, geo, scale.data(),
-                                    degenerate.data(), c.rule);
+                                    degenerate.data(), c.centered ? center.data() : nullptr, c.rule);
       pack_bits(local.data(), e1 - e0, mp + e0 / 8);
     }
   });
@@ -322,17 +412,23 @@ void blockwise_cpu(const BlockwiseJob& job) {
   const at::Tensor& x = job.x;
   at::Tensor y = job.y;
   at::Tensor mask = job.mask;
-  const float g = job.two_level ? blockwise_global_scale(job.scale_amax.as_float(0), job.elem_max) : 1.0f;
+  const float g = job.scale.kind == BlockScale::kE4M3
+                      ? blockwise_global_scale(job.scale_amax.as_float(0), job.scale.elem_max)
+                      : 1.0f;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, x.scalar_type(), "fakequant_blockwise", [&] {
         using C = compute_t<scalar_t>;
         const Consts<C> c{{static_cast<C>(job.rule.quant_min), static_cast<C>(job.rule.quant_max),
                            static_cast<C>(job.rule.float_limit)},
-                          job.elem_max, g, job.two_level};
+                          job.scale, g, job.centered};
         with_elem(job.elem, [&](auto elem_tag) {
           constexpr Elem E = decltype(elem_tag)::value;
           if (geo.rows_per_tile * geo.row_len > kMaxTile) {
             long_blocks_loop<scalar_t, E>(x, y, mask, geo, c);
+            return;
+          }
+          if (c.centered) {
+            blockwise_loop<scalar_t, E, 0, true>(x, y, mask, geo, c);
             return;
           }
           // Compile-time block sizes where every row is one block.

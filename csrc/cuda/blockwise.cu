@@ -34,7 +34,8 @@ struct LaunchGeometry : BlockGeometry {
   int group_size;       // G: lanes per block, a power of two <= 32 (short blocks)
   int iterations;       // ceil(block_size / G): the group's steps through a block
   bool aligned_words;   // every mask word has one writer, which stores it whole
-  bool two_level;
+  BlockScaleRule scale;
+  bool centered;        // blocks quantized about their centre (contract.h)
 };
 
 // Where block `blk` starts and how long it is.
@@ -48,31 +49,52 @@ __device__ __forceinline__ void block_extent(const LaunchGeometry& geo, int64_t 
 
 // A block's scale from the bit pattern of its amax (contract.h's rules).
 template <typename C>
-struct BlockScale {
+struct ScaleOf {
   C s;
   bool degenerate;
+  bool centered;
+  C center;  // centered blocks: the elements are quantized as x - center, plus center
 };
 
+// The keys a block reduces (max over its elements): the bits of |x|, or for centered
+// blocks the order keys of x (in m) and of -x (in n). 0 is below every key.
+__device__ __forceinline__ void reduce_keys(const LaunchGeometry& geo, float v, uint32_t& m, uint32_t& n) {
+  if (geo.centered) {
+    m = max(m, order_key(v));
+    n = max(n, order_key(-v));
+  } else {
+    m = max(m, abs_bits(v));
+  }
+}
+
 template <typename C>
-__device__ __forceinline__ BlockScale<C> block_scale(const LaunchGeometry& geo, uint32_t amax_bits,
-                                                     float elem_max, float g) {
-  const float amax = __uint_as_float(amax_bits);
-  const float s32 = geo.two_level ? blockwise_scale<true>(amax, elem_max, g)
-                                  : blockwise_scale<false>(amax, elem_max, 1.0f);
-  return {static_cast<C>(s32), blockwise_degenerate(amax, s32, g)};
+__device__ __forceinline__ ScaleOf<C> block_scale(const LaunchGeometry& geo, uint32_t m, uint32_t n,
+                                                  float g) {
+  float amax = __uint_as_float(m), center = 0.0f;
+  if (geo.centered) {
+    const Centered cb = centered_block(m, n);
+    amax = cb.amax;
+    center = cb.center;
+  }
+  const float s32 = blockwise_scale(amax, geo.scale, g);
+  return {static_cast<C>(s32), blockwise_degenerate(amax, s32, g, geo.scale.kind), geo.centered,
+          static_cast<C>(center)};
 }
 
 template <Elem E, typename C>
-__device__ __forceinline__ C block_element(C xv, const BlockScale<C>& b, const BlockRule<C>& rule,
+__device__ __forceinline__ C block_element(C xv, const ScaleOf<C>& b, const BlockRule<C>& rule,
                                            unsigned& bit) {
-  return b.degenerate ? degenerate_value(xv, bit) : blockwise_value<E>(xv, b.s, rule, bit);
+  const C xc = b.centered ? sub_rn(xv, b.center) : xv;
+  const C v = b.degenerate ? degenerate_value(xc, bit) : blockwise_value<E>(xc, b.s, rule, bit);
+  return b.centered ? add_rn(v, b.center) : v;
 }
 
 // The per-tensor scale of two-level blocks (1 for one level); an invalid
 // scale_amax (possible only with value checks off) gives NaN.
-__device__ __forceinline__ float global_scale(const LaunchGeometry& geo, const ParamPtr& scale_amax,
-                                              float elem_max) {
-  return geo.two_level ? blockwise_global_scale(scale_amax.as_float(0), elem_max) : 1.0f;
+__device__ __forceinline__ float global_scale(const LaunchGeometry& geo, const ParamPtr& scale_amax) {
+  return geo.scale.kind == BlockScale::kE4M3
+             ? blockwise_global_scale(scale_amax.as_float(0), geo.scale.elem_max)
+             : 1.0f;
 }
 
 // The bits of elements [32 w, 32 w + 32), stored by the word's only writer;
@@ -103,8 +125,7 @@ template <typename scalar_t, Elem E, int K>
 __global__ void __launch_bounds__(kThreads)
     blockwise_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                      uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
-                     const BlockRule<compute_t<scalar_t>> rule, const float elem_max,
-                     const ParamPtr scale_amax) {
+                     const BlockRule<compute_t<scalar_t>> rule, const ParamPtr scale_amax) {
   using C = compute_t<scalar_t>;
   const int G = geo.group_size;
   const int lane = threadIdx.x % kWarpSize;
@@ -114,7 +135,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp_steps = (geo.total_blocks + groups_per_warp - 1) / groups_per_warp;
-  const float g = global_scale(geo, scale_amax, elem_max);
+  const float g = global_scale(geo, scale_amax);
 
   // Every lane of a warp runs the same number of steps (the shuffles and
   // ballots need the whole warp); lanes without a block carry len = 0.
@@ -123,24 +144,23 @@ __global__ void __launch_bounds__(kThreads)
     int64_t start = 0, len = 0;
     if (blk < geo.total_blocks) block_extent(geo, blk, start, len);
 
-    uint32_t m = 0;
+    uint32_t m = 0, n = 0;
     C v[K > 0 ? K : 1];
     if constexpr (K > 0) {
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const int64_t i = static_cast<int64_t>(k) * G + member;
         v[k] = i < len ? static_cast<C>(x[start + i]) : C(0);
-        m = max(m, abs_bits(static_cast<float>(v[k])));
+        if (i < len) reduce_keys(geo, static_cast<float>(v[k]), m, n);
       }
     } else {
-      for (int64_t i = member; i < len; i += G) {
-        m = max(m, abs_bits(static_cast<float>(x[start + i])));
-      }
+      for (int64_t i = member; i < len; i += G) reduce_keys(geo, static_cast<float>(x[start + i]), m, n);
     }
     for (int lanes = G / 2; lanes > 0; lanes /= 2) {
       m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
+      n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
     }
-    const BlockScale<C> b = block_scale<C>(geo, m, elem_max, g);
+    const ScaleOf<C> b = block_scale<C>(geo, m, n, g);
 
     const int iterations = K > 0 ? K : geo.iterations;
 #pragma unroll
@@ -180,28 +200,37 @@ template <typename scalar_t, Elem E>
 __global__ void __launch_bounds__(kThreads)
     blockwise_long_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                           uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
-                          const BlockRule<compute_t<scalar_t>> rule, const float elem_max,
-                          const ParamPtr scale_amax) {
+                          const BlockRule<compute_t<scalar_t>> rule, const ParamPtr scale_amax) {
   using C = compute_t<scalar_t>;
   FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
+  FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
   const int t = threadIdx.x;
   const int lane = t % kWarpSize;
   const int warp = t / kWarpSize;
-  const float g = global_scale(geo, scale_amax, elem_max);
+  const float g = global_scale(geo, scale_amax);
 
   for (int64_t blk = blockIdx.x; blk < geo.total_blocks; blk += gridDim.x) {  // the same for the whole block
     int64_t start = 0, len = 0;
     block_extent(geo, blk, start, len);
 
-    uint32_t m = 0;
-    for (int64_t i = t; i < len; i += kThreads) m = max(m, abs_bits(static_cast<float>(x[start + i])));
-    for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
-    if (lane == 0) warp_amax[warp] = m;
+    uint32_t m = 0, n = 0;
+    for (int64_t i = t; i < len; i += kThreads) reduce_keys(geo, static_cast<float>(x[start + i]), m, n);
+    for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
+      m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
+      n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
+    }
+    if (lane == 0) {
+      warp_amax[warp] = m;
+      warp_neg[warp] = n;
+    }
     __syncthreads();
 #pragma unroll
-    for (int w = 0; w < kWarpsPerBlock; ++w) m = max(m, warp_amax[w]);
-    __syncthreads();  // warp_amax is written again for the next block
-    const BlockScale<C> b = block_scale<C>(geo, m, elem_max, g);
+    for (int w = 0; w < kWarpsPerBlock; ++w) {
+      m = max(m, warp_amax[w]);
+      n = max(n, warp_neg[w]);
+    }
+    __syncthreads();  // warp_amax and warp_neg are written again for the next block
+    const ScaleOf<C> b = block_scale<C>(geo, m, n, g);
 
     for (int64_t base = 0; base < len; base += kThreads) {
       const int64_t i = base + t;
@@ -238,7 +267,8 @@ void blockwise_cuda(const BlockwiseJob& job) {
   geo.iterations = static_cast<int>(
       std::min<int64_t>((geo.block_size + geo.group_size - 1) / geo.group_size, INT32_MAX));
   geo.aligned_words = uniform && (geo.block_size % kWarpSize == 0 || kWarpSize % geo.block_size == 0);
-  geo.two_level = job.two_level;
+  geo.scale = job.scale;
+  geo.centered = job.centered;
 
   const auto stream = at::cuda::getCurrentCUDAStream();
   // Whole words straight into the mask (a fresh allocation, aligned for them),
@@ -271,7 +301,7 @@ void blockwise_cuda(const BlockwiseJob& job) {
                          : geo.iterations == 1 ? &blockwise_kernel<scalar_t, E, 1>
                          : geo.iterations <= 4 ? &blockwise_kernel<scalar_t, E, 4>
                                                : &blockwise_kernel<scalar_t, E, 0>;
-          launch_kernel(kernel, blocks, stream, xp, yp, words, geo, rule, job.elem_max, job.scale_amax);
+          launch_kernel(kernel, blocks, stream, xp, yp, words, geo, rule, job.scale_amax);
         });
       });
   if (!geo.aligned_words) job.mask.copy_(scratch.view(at::kByte).narrow(0, 0, geo.mask_bytes));

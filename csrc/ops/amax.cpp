@@ -52,11 +52,10 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_fp8(const at::Tensor& input,
                                                      const at::Tensor& amax,
                                                      int64_t exponent_bits,
                                                      int64_t mantissa_bits, bool check_values) {
-  const auto param_strides = check_fp8_args(input, amax, exponent_bits, mantissa_bits);
-  const bool e4m3 = exponent_bits == 4;
-  const FloatFormat format = e4m3 ? kE4M3 : kE5M2;
+  std::vector<int64_t> param_strides;
+  const FloatFormat& format = check_fp8_args(input, amax, exponent_bits, mantissa_bits, param_strides);
   return quantize_by_amax(input, param_strides, amax, format.max, -format.max,
-                          e4m3 ? Output::kFp8E4M3 : Output::kFp8E5M2, check_values);
+                          float_output_of(format), check_values);
 }
 
 }  // namespace fakequant

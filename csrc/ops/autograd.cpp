@@ -112,7 +112,7 @@ using QuantizeAmaxFunction = MaskedFunction<QuantizeAmax, const at::Tensor&, int
 using MinMaxFunction = MaskedFunction<MinMax, const at::Tensor&, const at::Tensor&, int64_t>;
 using Fp8Function = MaskedFunction<Fp8, const at::Tensor&, int64_t, int64_t, bool>;
 using BlockwiseFunction = MaskedFunction<Blockwise, int64_t, int64_t, bool, bool, int64_t,
-                                         const std::optional<at::Tensor>&, bool>;
+                                         const std::optional<at::Tensor>&, bool, bool, bool>;
 
 // mask_backward: linear in grad, so its gradient is itself with the same mask.
 struct MaskBackwardFunction : torch::autograd::Function<MaskBackwardFunction> {

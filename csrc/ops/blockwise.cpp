@@ -9,11 +9,12 @@ namespace fakequant {
 std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
     const at::Tensor& input, int64_t block_size, int64_t num_bits, bool is_unsigned,
     bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax,
-    bool check_values) {
+    bool check_values, bool e8m0_scale, bool centered) {
   const BlockwiseArgs args = check_blockwise_args(input, block_size, num_bits, is_unsigned,
-                                                  narrow_range, exponent_bits, scale_amax);
+                                                  narrow_range, exponent_bits, scale_amax, e8m0_scale);
+  const bool two_level = args.scale.kind == BlockScale::kE4M3;
   const DeviceScope scope(input);
-  if (args.two_level && run_value_checks(input, check_values)) check_scale_amax_value(*scale_amax);
+  if (two_level && run_value_checks(input, check_values)) check_scale_amax_value(*scale_amax);
 
   const bool keep = blockwise_keeps_layout(input);
   at::Tensor y = keep ? at::empty_like(input) : at::empty(input.sizes(), input.options());
@@ -28,10 +29,10 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
   job.mask = mask;
   job.geometry = block_geometry(input.dim() == 0 ? 1 : input.size(-1), block_size);
   job.elem = args.elem;
-  job.elem_max = args.elem_max;
-  job.rule = BlockRule<float>{args.quant_min, args.quant_max, args.float_limit};
-  job.two_level = args.two_level;
-  if (args.two_level) {
+  job.rule = args.rule;
+  job.scale = args.scale;
+  job.centered = centered;
+  if (two_level) {
     sa = param_tensor(*scale_amax);
     job.scale_amax = param_ptr(sa);
   }

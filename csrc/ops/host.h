@@ -70,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_fp8(const at::Tensor& input,
 std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
     const at::Tensor& input, int64_t block_size, int64_t num_bits, bool is_unsigned,
     bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax,
-    bool check_values);
+    bool check_values, bool e8m0_scale, bool centered);
 at::Tensor fake_quantize_lsq(const at::Tensor& input, const at::Tensor& scale,
                              const at::Tensor& zero_point, std::optional<int64_t> axis,
                              int64_t quant_min, int64_t quant_max, double grad_factor);

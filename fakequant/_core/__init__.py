@@ -7,10 +7,12 @@ nothing of fakequant but the compiled library.
 from .constants import (
     AMAX_EPSILON,
     BLOCK_FLOAT_FORMATS,
+    BLOCK_SCALE_BITS,
     E2M1_MAX,
     E4M3_MAX,
     E5M2_MAX,
     FLOAT_FORMAT_MAX,
+    FLOAT_FORMATS,
     FP8_FORMATS,
     MAX_NUM_BITS,
     MIN_NUM_BITS,

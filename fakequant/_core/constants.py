@@ -16,11 +16,18 @@ E4M3_MAX: float = _C.E4M3_MAX
 E5M2_MAX: float = _C.E5M2_MAX
 E2M1_MAX: float = _C.E2M1_MAX
 
-#: (exponent_bits, mantissa_bits) of the FP8 formats -> largest finite value.
-FP8_FORMATS = {(4, 3): E4M3_MAX, (5, 2): E5M2_MAX}
+#: (E, M) of every small float format (FP8 E4M3/E5M2, FP6 E3M2/E2M3, FP4 E2M1) ->
+#: (largest finite value, largest exponent: the MX specification's emax).
+FLOAT_FORMATS = dict(_C.FLOAT_FORMATS)
 #: (E, M) of every float format a descriptor may name -> largest finite value
 #: (FP4 E2M1 only as block-wise elements).
-FLOAT_FORMAT_MAX = {**FP8_FORMATS, (2, 1): E2M1_MAX}
+FLOAT_FORMAT_MAX = {fmt: value for fmt, (value, _) in FLOAT_FORMATS.items()}
+#: (exponent_bits, mantissa_bits) of the formats fake_quantize_fp8 takes (FP8 and FP6)
+#: -> largest finite value.
+FP8_FORMATS = {fmt: value for fmt, value in FLOAT_FORMAT_MAX.items() if sum(fmt) >= 5}
+#: block_sizes["scale_bits"] (Model Optimizer's spelling) -> the block scales it names: E4M3
+#: under a per-tensor scale (NVFP4), or E8M0 powers of two (the OCP microscaling formats).
+BLOCK_SCALE_BITS = {(4, 3): "e4m3", (8, 0): "e8m0"}
 #: (num_bits, exponent_bits) of the block-wise float elements -> largest finite value.
 BLOCK_FLOAT_FORMATS = {(1 + e + m, e): value for (e, m), value in FLOAT_FORMAT_MAX.items()}
 

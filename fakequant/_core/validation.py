@@ -106,13 +106,14 @@ def check_num_bits(num_bits, name: str = "num_bits"):
 
 
 def check_fp8_format(exponent_bits, mantissa_bits):
-    """``(exponent_bits, mantissa_bits)`` of an FP8 format: (4, 3) E4M3 or (5, 2) E5M2."""
+    """``(exponent_bits, mantissa_bits)`` of an FP8 or FP6 format: (4, 3) E4M3, (5, 2)
+    E5M2, (3, 2) E3M2 or (2, 3) E2M3."""
     exponent_bits = check_int(exponent_bits, "exponent_bits")
     mantissa_bits = check_int(mantissa_bits, "mantissa_bits")
     if (exponent_bits, mantissa_bits) not in FP8_FORMATS:
         raise ValueError(
-            "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) for FP8 E4M3 or (5, 2) "
-            f"for FP8 E5M2, got ({exponent_bits}, {mantissa_bits})"
+            "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) for FP8 E4M3, (5, 2) for FP8 E5M2, "
+            f"(3, 2) for FP6 E3M2 or (2, 3) for FP6 E2M3, got ({exponent_bits}, {mantissa_bits})"
         )
     return exponent_bits, mantissa_bits
 

@@ -117,9 +117,9 @@ class _Learned:
 
 
 class _DynamicBlocks:
-    """Dynamic blocks along one axis with a fixed size: ``fake_quantize_blockwise`` in one
-    pass (integer or (E, M) elements; E4M3 block scales under a per-tensor one with
-    ``scale_bits``)."""
+    """Dynamic blocks along one axis: ``fake_quantize_blockwise`` in one pass (integer or
+    (E, M) elements; E4M3 block scales under a per-tensor one with ``scale_bits=(4, 3)``,
+    E8M0 power-of-two ones with ``scale_bits=(8, 0)``)."""
 
     def __call__(self, q, inputs):
         axis, block_size = q._kernel_block()
@@ -131,7 +131,8 @@ class _DynamicBlocks:
         else:
             num_bits, exponent_bits = q._num_bits, 0
         scale_amax, computed = None, False
-        if q._scale_bits is not None:
+        e8m0 = q._scale_bits == (8, 0)  # the MX formats: power-of-two block scales, nothing calibrated
+        if q._scale_bits is not None and not e8m0:
             # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
             amax = q._buffers.get("_amax")
             if amax is not None and amax.numel() == 1:
@@ -139,7 +140,8 @@ class _DynamicBlocks:
             else:
                 scale_amax, computed = q._tensor_amax(inputs), True
         return ops.fake_quantize_blockwise(inputs, block_size, num_bits, q._unsigned, q._narrow_range,
-                                           exponent_bits, scale_amax, axis=axis, check_values=not computed)
+                                           exponent_bits, scale_amax, axis=axis, check_values=not computed,
+                                           e8m0_scale=e8m0, centered=q._centered)
 
 
 class _StaticBlocks:

@@ -104,11 +104,20 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._dynamic = quant_desc.dynamic or block_sizes.get("type") == "dynamic"
         if block_sizes.get("scale_block_sizes") is not None:
             raise NotImplementedError("block_sizes['scale_block_sizes'] (blocks of block scales) is not implemented")
-        self._scale_bits = block_sizes.get("scale_bits")
+        self._scale_bits = block_sizes.get("scale_bits")  # one of _core.BLOCK_SCALE_BITS (the descriptor checked)
+        # Model Optimizer's dynamic "max_min" bias along the axis of dynamic blocks: the blocks
+        # are quantized about their centre (fake_quantize_blockwise(centered=True)).
+        self._centered = quant_desc.bias is not None
+        if self._centered:
+            bias = quant_desc.bias
+            axes = [k for k in bias if isinstance(k, int)]
+            if not (bias.get("type") == "dynamic" and bias.get("method") == "max_min" and self._dynamic
+                    and self._block_sizes is not None and len(self._block_sizes) == 1 and axes == list(self._block_sizes)):
+                raise NotImplementedError(
+                    f"bias={bias!r}: only a dynamic 'max_min' bias along the axis of dynamic blocks is implemented, "
+                    "e.g. per-token asymmetric: type='dynamic', block_sizes={-1: None}, "
+                    "bias={-1: None, 'type': 'dynamic', 'method': 'max_min'}")
         if self._scale_bits is not None:
-            if not isinstance(self._scale_bits, (tuple, list)) or tuple(self._scale_bits) != (4, 3):
-                raise NotImplementedError(f"block_sizes['scale_bits'] = {self._scale_bits!r}: only (4, 3), E4M3 "
-                                          "block scales under a per-tensor scale (as NVFP4), is implemented")
             if not (self._dynamic and self._kernel_block() is not None):
                 raise NotImplementedError("block_sizes['scale_bits'] needs dynamic blocks along one axis "
                                           "('type': 'dynamic', one axis with an int block size)")

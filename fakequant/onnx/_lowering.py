@@ -455,11 +455,15 @@ FP8_MIN_OPSET = 19
 
 
 def _fp8_format(exponent_bits, mantissa_bits):
-    try:
-        return FP8_FORMATS[(exponent_bits, mantissa_bits)]
-    except KeyError:
-        raise ValueError(f"fakequant ONNX export: FP8 with exponent_bits={exponent_bits}, "
-                         f"mantissa_bits={mantissa_bits} is neither E4M3 (4, 3) nor E5M2 (5, 2)") from None
+    """(ONNX type or None, largest value) of a small float format: FP8 has ONNX types,
+    FP6 and FP4 E2M1 are rounded by arithmetic (_round_to_format)."""
+    fmt = (exponent_bits, mantissa_bits)
+    if fmt in FP8_FORMATS:
+        return FP8_FORMATS[fmt]
+    if fmt in _core.FLOAT_FORMATS:
+        return None, _core.FLOAT_FORMATS[fmt][0]
+    raise ValueError(f"fakequant ONNX export: no float format with exponent_bits={exponent_bits}, "
+                     f"mantissa_bits={mantissa_bits}; the formats are {sorted(_core.FLOAT_FORMATS)}") from None
 
 
 def _fp8_zero(b, qtype, shape):
@@ -486,15 +490,19 @@ def lower_fp8(b, x, amax, exponent_bits, mantissa_bits):
                            f"{FP8_MIN_OPSET} (float8 QuantizeLinear), got {b.opset}")
     _warn_dynamic(b, amax, x, "amax")
     kind, axis, channels = _granularity(b, x, [b.shape(amax)])
-    if dtype == torch.float64 or kind == "broadcast":
-        # float64 has no QuantizeLinear, nor a broadcast scale: Div, Cast to float8
-        # and back, Mul. float64 goes through float32 first, as torch's cast does.
-        _warn(f"FP8 quantization {'of a float64 tensor' if dtype == torch.float64 else 'with a scale that varies along more than one axis'} "
-              "is exported as Div/Cast/Mul (exact in ONNX Runtime, but not a QuantizeLinear/DequantizeLinear pair)")
-        ct = torch.float64 if compute == DOUBLE else torch.float32
+    if dtype == torch.float64 or kind == "broadcast" or qtype is None:
+        # float64 has no QuantizeLinear, nor a broadcast scale, and FP6 no ONNX type: Div,
+        # Cast to float8 and back (or FP6's rounding arithmetic), Mul. float64 goes
+        # through float32 first, as torch's cast does.
+        why = ("of a float64 tensor" if dtype == torch.float64 else
+               "with a scale that varies along more than one axis" if kind == "broadcast" else
+               f"to FP6 E{exponent_bits}M{mantissa_bits} (no ONNX type)")
+        _warn(f"FP8/FP6 quantization {why} is exported as Div/round/Mul (exact in ONNX Runtime, but not a "
+              "QuantizeLinear/DequantizeLinear pair)")
         s = _to_float(b, _amax_scale(b, _to_float(b, amax), fmax), compute)
-        xs = b.op("Div", _to_float(b, x, compute), s)
-        q = _cast_round_fp8(b, _to_float(b, xs), qtype)
+        xs = _to_float(b, b.op("Div", _to_float(b, x, compute), s))
+        q = (_cast_round_fp8(b, xs, qtype) if qtype is not None
+             else _round_to_format(b, xs, exponent_bits, mantissa_bits))
         return _cast_back(b, b.op("Mul", _to_float(b, q, compute), s), dtype, compute)
     scale = _amax_scale(b, _to_float(b, _squeeze(b, amax)), fmax)
     zp = _fp8_zero(b, qtype, () if axis is None else (channels,))
@@ -507,24 +515,27 @@ def lower_fp8(b, x, amax, exponent_bits, mantissa_bits):
 # --- block-wise dynamic: fake_quantize_blockwise --------------------------------------------
 
 BLOCK_MIN_OPSET = 21  # QuantizeLinear/DequantizeLinear with block_size
-# (num_bits, exponent_bits) of the float element formats: (ONNX type or None, largest value)
-BLOCK_FLOAT_FORMATS = {(4, 2): (None, _core.E2M1_MAX), (8, 4): FP8_FORMATS[(4, 3)], (8, 5): FP8_FORMATS[(5, 2)]}
 
 
-def _reduce_max(b, value, axes, keepdims):
+def _reduce_max(b, value, axes, keepdims, op="ReduceMax"):
     if b.opset >= 18:
-        return b.op("ReduceMax", value, _axes(b, axes), keepdims=keepdims)
-    return b.op("ReduceMax", value, axes=list(axes), keepdims=keepdims)
+        return b.op(op, value, _axes(b, axes), keepdims=keepdims)
+    return b.op(op, value, axes=list(axes), keepdims=keepdims)
 
 
-def _to_blocks(b, value, rank, length, block_size):
-    """(..., L) -> (..., nblocks, block_size), zero-padded at the end of each row."""
+def _reduce_min(b, value, axes, keepdims):
+    return _reduce_max(b, value, axes, keepdims, op="ReduceMin")
+
+
+def _to_blocks(b, value, rank, length, block_size, mode="constant"):
+    """(..., L) -> (..., nblocks, block_size), padded at the end of each row with zeros
+    (or, mode="edge", with the row's last element: the last block's min and max stay)."""
     nblocks = -(-length // block_size)
     pad = nblocks * block_size - length
     if pad:
         pads = [0] * (2 * rank)
         pads[2 * rank - 1] = pad  # the end of the last axis
-        value = b.op("Pad", value, b.const(torch.tensor(pads, dtype=torch.int64)))
+        value = b.op("Pad", value, b.const(torch.tensor(pads, dtype=torch.int64)), mode=mode)
     # -1 for the first dimension, 0 (keep) for the others before the last: the TorchScript
     # exporter's shape inference cannot take a shape with a 0 and no -1 (an internal assert).
     shape = ([-1] + [0] * (rank - 2) if rank > 1 else []) + [nblocks, block_size]
@@ -538,30 +549,58 @@ def _from_blocks(b, value, rank, length):
                 b.const(torch.tensor([rank - 1])))
 
 
-def _round_e2m1(b, v):
-    """v saturated to [-6, 6] and rounded to FP4 E2M1 (0, 0.5, 1, 1.5, 2, 3, 4, 6), ties to
-    even: the spacing is 0.5 below 2, 1 below 4, 2 above, and Round (ties to even) on
-    v / spacing picks the even code, as the operator does."""
-    v = b.op("Clip", v, _scalar(b, -_core.E2M1_MAX), _scalar(b, _core.E2M1_MAX))
+def _round_to_format(b, v, exponent_bits, mantissa_bits):
+    """float32 v saturated to the format's +-max and rounded to it, ties to even (FP6
+    E3M2/E2M3 and FP4 E2M1, which ONNX Runtime has no QuantizeLinear for): the spacing of
+    the values around |v| is 2^(e - M) in the binade [2^e, 2^(e+1)) and the subnormals'
+    below, a power of two chosen by comparisons (Where); Round (ties to even) of v /
+    spacing, times the spacing, is exact and picks the even code, as the operator does."""
+    fmax, emax = _core.FLOAT_FORMATS[(exponent_bits, mantissa_bits)]
+    emin = 2 - 2 ** (exponent_bits - 1)  # the exponent of the smallest normal value
+    v = b.op("Clip", v, _scalar(b, -fmax), _scalar(b, fmax))
     a = b.op("Abs", v)
-    step = b.op("Where", b.op("Less", a, _scalar(b, 2.0)), _scalar(b, 0.5),
-                b.op("Where", b.op("Less", a, _scalar(b, 4.0)), _scalar(b, 1.0), _scalar(b, 2.0)))
+    step = _scalar(b, 2.0 ** (emax - mantissa_bits))
+    for e in range(emax - 1, emin - 1, -1):  # below 2^(e+1): the spacing of binade e (or less)
+        step = b.op("Where", b.op("Less", a, _scalar(b, 2.0 ** (e + 1))), _scalar(b, 2.0 ** (e - mantissa_bits)), step)
     return b.op("Mul", b.op("Round", b.op("Div", v, step)), step)
 
 
-def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax):
+def _e8m0_scale(b, amax, emax):
+    """The MX scale 2^clamp(floor(log2 amax) - emax, -127, 127) of each block, exactly, from
+    operators ONNX Runtime runs (it has no E8M0 QuantizeLinear): k = Floor(Log2(amax)) from
+    Log, corrected by comparing amax with Pow(2, k) (powers of two are exact in Pow), then
+    Pow(2, clamp(k - emax)); NaN where amax is NaN or infinite, as the operator gives."""
+    k = b.op("Floor", b.op("Div", b.op("Log", amax), _scalar(b, math.log(2.0))))
+    two = _scalar(b, 2.0)
+    p = b.op("Pow", two, k)
+    k = b.op("Sub", k, b.op("Cast", b.op("Greater", p, amax), to=FLOAT))  # Log rounded up past a power of 2
+    k = b.op("Add", k, b.op("Cast", b.op("LessOrEqual", b.op("Mul", b.op("Pow", two, k), two), amax), to=FLOAT))
+    e = b.op("Clip", b.op("Sub", k, _scalar(b, float(emax))), _scalar(b, -127.0), _scalar(b, 127.0))
+    s = b.op("Pow", two, e)
+    bad = b.op("Or", b.op("IsNaN", amax), b.op("IsInf", amax))
+    return b.op("Where", bad, _scalar(b, float("nan")), s)
+
+
+def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
+                    e8m0_scale=False, centered=False):
     """``fake_quantize_blockwise``: the block amax computed in the graph (Abs, Pad, Reshape,
-    ReduceMax), then a block-wise QuantizeLinear/DequantizeLinear (opset >= 21) for integer
-    and FP8 elements; FP4 E2M1, which ONNX Runtime has no QuantizeLinear for, as
-    Div/Round/Mul on the blocks. Exact in ONNX Runtime except in blocks holding NaN."""
+    ReduceMax), the block scales from it (one level, E4M3 under a per-tensor scale, or the
+    MX formats' powers of two: _e8m0_scale), then a block-wise QuantizeLinear/
+    DequantizeLinear (opset >= 21) for integer and FP8 elements; FP6 and FP4 E2M1, which
+    ONNX Runtime has no QuantizeLinear for, as Div/round/Mul on the blocks. Exact in ONNX
+    Runtime except in blocks holding NaN (one-level and E4M3 scales). Centered blocks
+    subtract their centre (from ReduceMax and ReduceMin) first and add it back last."""
     dtype, compute = _compute_type(b, x)
     shape = b.shape(x)
     if shape is None or not shape or shape[-1] is None:
         raise RuntimeError("fakequant ONNX export of block-wise quantization needs a known size of the last axis")
     rank, length = len(shape), shape[-1]
     if exponent_bits:
-        qtype, elem_max = BLOCK_FLOAT_FORMATS[(num_bits, exponent_bits)]
+        mantissa_bits = num_bits - 1 - exponent_bits
+        qtype, elem_max = _fp8_format(exponent_bits, mantissa_bits)
+        emax = _core.FLOAT_FORMATS[(exponent_bits, mantissa_bits)][1]
     else:
+        emax = num_bits - 2
         elem_max, qmin, qmax = amax_range(num_bits, unsigned, narrow_range)
         qtype = choose_qtype(qmin, qmax, b.opset, unsigned, b.wide_int_types)
         if qtype is not None and _Clip(qtype, qmin, qmax).needed and qtype not in (INT8, UINT8):
@@ -574,24 +613,55 @@ def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent
     _warn(f"block-wise dynamic quantization computes its scales at run time; ONNX Runtime runs it, "
           "TensorRT needs constant (calibrated) scales for QuantizeLinear")
     x32 = _to_float(b, x)
-    blocks = _to_blocks(b, x32, rank, length, block_size)
-    amax = _reduce_max(b, b.op("Abs", blocks), [rank], 0)
-    s = b.op("Div", amax, _scalar(b, float(elem_max)))
-    degenerate = b.op("LessOrEqual", amax, _scalar(b, AMAX_EPSILON))  # NaN: not degenerate
-    if scale_amax is not None:
-        g = b.op("Div", _to_float(b, _squeeze(b, scale_amax)), _scalar(b, float(elem_max) * _core.E4M3_MAX))
-        s = b.op("Mul", _cast_round_fp8(b, b.op("Div", s, g), FLOAT8E4M3FN), g)
-        degenerate = b.op("Or", degenerate, b.op("LessOrEqual", s, _scalar(b, 0.0)))
-    s = b.op("Where", degenerate, _scalar(b, ZERO_CHANNEL_SCALE), s)  # (..., nblocks)
-    if qtype is None:  # E2M1
-        _warn("FP4 E2M1 elements are exported as Div/Round/Mul (ONNX Runtime has no float4 QuantizeLinear)")
+    if centered:
+        edged = _to_blocks(b, x32, rank, length, block_size, mode="edge")
+        mx, mn = _reduce_max(b, edged, [rank], 0), _reduce_min(b, edged, [rank], 0)
+        half = _scalar(b, 0.5)
+        center = b.op("Add", b.op("Mul", mx, half), b.op("Mul", mn, half))  # (..., nblocks)
+        center_b = b.op("Unsqueeze", center, _axes(b, [rank]))
+        blocks = b.op("Sub", edged, center_b)
+        amax = b.op("Max", b.op("Sub", mx, center), b.op("Sub", center, mn))
+        x32 = _from_blocks(b, blocks, rank, length)
+    else:
+        blocks = _to_blocks(b, x32, rank, length, block_size)
+        amax = _reduce_max(b, b.op("Abs", blocks), [rank], 0)
+
+    def uncenter(y):  # (..., L) -> y + the centre of its block
+        if not centered:
+            return y
+        return _from_blocks(b, b.op("Add", _to_blocks(b, y, rank, length, block_size), center_b), rank, length)
+
+    if e8m0_scale:
+        s = _e8m0_scale(b, amax, emax)  # never degenerate
+    else:
+        s = b.op("Div", amax, _scalar(b, float(elem_max)))
+        degenerate = b.op("LessOrEqual", amax, _scalar(b, AMAX_EPSILON))  # NaN: not degenerate
+        if scale_amax is not None:
+            g = b.op("Div", _to_float(b, _squeeze(b, scale_amax)), _scalar(b, float(elem_max) * _core.E4M3_MAX))
+            s = b.op("Mul", _cast_round_fp8(b, b.op("Div", s, g), FLOAT8E4M3FN), g)
+            degenerate = b.op("Or", degenerate, b.op("LessOrEqual", s, _scalar(b, 0.0)))
+        s = b.op("Where", degenerate, _scalar(b, ZERO_CHANNEL_SCALE), s)  # (..., nblocks)
+        if exponent_bits:
+            # A degenerate block's elements are +0, but a float grid keeps the sign of the
+            # tiny quotients x / ZERO_CHANNEL_SCALE: their outputs are set to +0 in blocks.
+            zero_blocks = b.op("Unsqueeze", degenerate, _axes(b, [rank]))
+    if qtype is None and exponent_bits:  # FP6, FP4 E2M1
+        _warn(f"E{exponent_bits}M{mantissa_bits} elements are exported as Div/round/Mul (ONNX Runtime has no "
+              "QuantizeLinear for FP6 or FP4)")
         s_b = b.op("Unsqueeze", s, _axes(b, [rank]))
         xs = b.op("Div", blocks, s_b)
-        y = _from_blocks(b, b.op("Mul", _round_e2m1(b, xs), s_b), rank, length)
-        return _cast_back(b, y, dtype, FLOAT)
+        y = b.op("Mul", _round_to_format(b, xs, exponent_bits, mantissa_bits), s_b)
+        if not e8m0_scale:
+            y = b.op("Where", zero_blocks, _scalar(b, 0.0), y)
+        if centered:
+            y = b.op("Add", y, center_b)
+        return _cast_back(b, _from_blocks(b, y, rank, length), dtype, FLOAT)
     attrs = {"axis": rank - 1, "block_size": block_size}
     q = b.op("QuantizeLinear", x32, s, output_dtype=qtype, **attrs)
     if not exponent_bits and _Clip(qtype, qmin, qmax).needed:
         q = b.op("Clip", q, _int_const(b, qmin, qtype), _int_const(b, qmax, qtype))
     y = b.op("DequantizeLinear", q, s, **attrs)
-    return _cast_back(b, y, dtype, FLOAT)
+    if exponent_bits and not e8m0_scale:
+        y = b.op("Where", zero_blocks, _scalar(b, 0.0), _to_blocks(b, y, rank, length, block_size))
+        y = _from_blocks(b, y, rank, length)
+    return _cast_back(b, uncenter(y), dtype, FLOAT)

@@ -135,7 +135,7 @@ def fake_quantize_fp8(g, input, amax, exponent_bits, mantissa_bits, check_values
 
 
 def fake_quantize_blockwise(g, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
-                            check_values=None):
+                            check_values=None, e8m0_scale=None, centered=None):
     from torch.onnx import symbolic_helper
 
     b = _builder(g, "fake_quantize_blockwise")
@@ -143,7 +143,9 @@ def fake_quantize_blockwise(g, input, block_size, num_bits, unsigned, narrow_ran
         b, input, _const_arg(block_size, "i", "block_size"), _const_arg(num_bits, "i", "num_bits"),
         _const_arg(unsigned, "b", "unsigned"), _const_arg(narrow_range, "b", "narrow_range"),
         _const_arg(exponent_bits, "i", "exponent_bits"),
-        None if symbolic_helper._is_none(scale_amax) else scale_amax)
+        None if symbolic_helper._is_none(scale_amax) else scale_amax,
+        e8m0_scale is not None and _const_arg(e8m0_scale, "b", "e8m0_scale"),
+        centered is not None and _const_arg(centered, "b", "centered"))
     return y, _unused_mask(g)
 
 

@@ -109,9 +109,10 @@ def fake_quantize_fp8(input, amax, exponent_bits=4, mantissa_bits=3, check_value
 
 
 def fake_quantize_blockwise(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0,
-                            scale_amax=None, check_values=True):
+                            scale_amax=None, check_values=True, e8m0_scale=False, centered=False):
     b = _DynamoBuilder()
-    y = _lowering.lower_blockwise(b, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax)
+    y = _lowering.lower_blockwise(b, input, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
+                                  e8m0_scale, centered)
     return y, b.unused_mask()
 
 

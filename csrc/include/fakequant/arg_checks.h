@@ -126,17 +126,20 @@ inline std::vector<int64_t> check_amax_args(const at::Tensor& input, const at::T
   return broadcast_param_strides(amax, "amax", input);
 }
 
-// fake_quantize_fp8: amax's broadcast strides. The format must be E4M3
-// (exponent_bits=4, mantissa_bits=3) or E5M2 (5, 2).
-inline std::vector<int64_t> check_fp8_args(const at::Tensor& input, const at::Tensor& amax,
-                                           int64_t exponent_bits, int64_t mantissa_bits) {
+// fake_quantize_fp8: amax's broadcast strides and the float format, which must be
+// FP8 E4M3 (exponent_bits=4, mantissa_bits=3), E5M2 (5, 2), or FP6 E3M2 (3, 2), E2M3 (2, 3).
+inline const FloatFormat& check_fp8_args(const at::Tensor& input, const at::Tensor& amax,
+                                         int64_t exponent_bits, int64_t mantissa_bits,
+                                         std::vector<int64_t>& param_strides) {
   check_input(input);
   check_float_param(amax, "amax", input);
-  TORCH_CHECK_VALUE((exponent_bits == 4 && mantissa_bits == 3) ||
-                        (exponent_bits == 5 && mantissa_bits == 2),
-                    "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) for FP8 E4M3 or "
-                    "(5, 2) for FP8 E5M2, got (", exponent_bits, ", ", mantissa_bits, ")");
-  return broadcast_param_strides(amax, "amax", input);
+  const FloatFormat* f = find_float_format(exponent_bits, mantissa_bits);
+  TORCH_CHECK_VALUE(f != nullptr && exponent_bits + mantissa_bits >= 5,
+                    "fakequant: (exponent_bits, mantissa_bits) must be (4, 3) for FP8 E4M3, "
+                    "(5, 2) for FP8 E5M2, (3, 2) for FP6 E3M2 or (2, 3) for FP6 E2M3, got (",
+                    exponent_bits, ", ", mantissa_bits, ")");
+  param_strides = broadcast_param_strides(amax, "amax", input);
+  return *f;
 }
 
 // fake_quantize_min_max: the shape both ranges broadcast to (they both
@@ -267,53 +270,56 @@ inline std::optional<int64_t> check_fused_obs_args(
 
 struct BlockwiseArgs {
   Elem elem = Elem::kInt;
-  float elem_max = 0.0f;  // the largest element magnitude: the integer bound or the format's max
-  float quant_min = 0.0f, quant_max = 0.0f;  // integers only: the clamp range of rint(x / s)
-  float float_limit = 0.0f;  // floats only: the largest |x / s| not saturated
-  bool two_level = false;  // scale_amax given
+  BlockRule<float> rule{};  // integers: the clamp range of rint(x / s); floats: the saturation limit
+  BlockScaleRule scale{BlockScale::kFloat32, 0.0f, 0};
 };
 
+// Elements: integers (exponent_bits 0) or floats with 1 + exponent_bits + mantissa
+// bits = num_bits. Scales: one level, E4M3 under scale_amax (two levels), or E8M0
+// (e8m0_scale; signed elements, no scale_amax).
 inline BlockwiseArgs check_blockwise_args(const at::Tensor& input, int64_t block_size,
                                           int64_t num_bits, bool is_unsigned, bool narrow_range,
                                           int64_t exponent_bits,
-                                          const std::optional<at::Tensor>& scale_amax) {
+                                          const std::optional<at::Tensor>& scale_amax,
+                                          bool e8m0_scale) {
   check_input(input);
   TORCH_CHECK_VALUE(block_size >= 1, "fakequant: block_size must be >= 1, got ", block_size);
-  TORCH_CHECK_VALUE(exponent_bits >= 0,
-                    "fakequant: exponent_bits must be 0 (integers), 2, 4 or 5, got ",
-                    exponent_bits);
   BlockwiseArgs args;
   if (exponent_bits == 0) {
     check_num_bits(num_bits);
     const int64_t bound = amax_bound(num_bits, is_unsigned);
     args.elem = Elem::kInt;
-    args.elem_max = static_cast<float>(bound);
-    args.quant_min = static_cast<float>(amax_quant_min(bound, is_unsigned, narrow_range));
-    args.quant_max = static_cast<float>(bound);
+    args.scale.elem_max = static_cast<float>(bound);
+    // E8M0: the integers are num_bits - 2 fraction bits of a value below 2
+    // (MXINT8: k * 2^-6), so amax / scale lies in [2^(num_bits-2), 2^(num_bits-1)).
+    args.scale.scale_emax = static_cast<int32_t>(num_bits - 2);
+    args.rule.quant_min = static_cast<float>(amax_quant_min(bound, is_unsigned, narrow_range));
+    args.rule.quant_max = static_cast<float>(bound);
   } else {
-    if (num_bits == 4 && exponent_bits == 2) {
-      args.elem = Elem::kE2M1;
-    } else if (num_bits == 8 && exponent_bits == 4) {
-      args.elem = Elem::kE4M3;
-    } else if (num_bits == 8 && exponent_bits == 5) {
-      args.elem = Elem::kE5M2;
-    } else {
-      TORCH_CHECK_VALUE(false,
-                        "fakequant: (num_bits, exponent_bits) must be (4, 2) for E2M1, (8, 4) for "
-                        "E4M3 or (8, 5) for E5M2 (or exponent_bits 0 for integers), got (",
-                        num_bits, ", ", exponent_bits, ")");
-    }
+    const FloatFormat* f =
+        exponent_bits > 0 ? find_float_format(exponent_bits, num_bits - 1 - exponent_bits) : nullptr;
+    TORCH_CHECK_VALUE(f != nullptr,
+                      "fakequant: (num_bits, exponent_bits) must be (4, 2) for E2M1, (6, 3) for "
+                      "E3M2, (6, 2) for E2M3, (8, 4) for E4M3 or (8, 5) for E5M2 (or exponent_bits "
+                      "0 for integers), got (", num_bits, ", ", exponent_bits, ")");
     TORCH_CHECK_VALUE(!is_unsigned, "fakequant: unsigned must be False for floating-point elements "
                       "(exponent_bits ", exponent_bits, ")");
-    const FloatFormat f = args.elem == Elem::kE2M1 ? kE2M1 : (args.elem == Elem::kE4M3 ? kE4M3 : kE5M2);
-    args.elem_max = f.max;
-    args.float_limit = saturation_limit(f);
+    args.elem = elem_of(*f);
+    args.scale.elem_max = f->max;
+    args.scale.scale_emax = f->max_exponent;
+    args.rule.float_limit = saturation_limit(*f);
   }
   if (scale_amax.has_value()) {
+    TORCH_CHECK_VALUE(!e8m0_scale, "fakequant: scale_amax (E4M3 block scales) cannot be combined "
+                      "with e8m0_scale=True");
     check_float_param(*scale_amax, "scale_amax", input);
     TORCH_CHECK_VALUE(scale_amax->numel() == 1, "fakequant: scale_amax must have one element, got ",
                       scale_amax->numel(), " (shape ", scale_amax->sizes(), ")");
-    args.two_level = true;
+    args.scale.kind = BlockScale::kE4M3;
+  } else if (e8m0_scale) {
+    TORCH_CHECK_VALUE(!is_unsigned, "fakequant: unsigned must be False with e8m0_scale=True "
+                      "(microscaling elements are signed)");
+    args.scale.kind = BlockScale::kE8M0;
   }
   return args;
 }

@@ -221,16 +221,37 @@ C10_HOST_DEVICE inline Consts<C> invalid_consts() {
   return Consts<C>{nan, nan, nan, nan, nan, nan, C(0), C(0)};
 }
 
-// (q - zp) * scale, q itself, or fp8(clamp(x / scale, lo, hi)) * scale
-enum class Output { kFake, kInteger, kFp8E4M3, kFp8E5M2 };
+// (q - zp) * scale, q itself, or fmt(clamp(x / scale, lo, hi)) * scale for a small
+// float format fmt (FP8, FP6)
+enum class Output { kFake, kInteger, kFp8E4M3, kFp8E5M2, kFp6E3M2, kFp6E2M3 };
 // The mask: rint(x / scale) unclamped in [lo, hi], or x in [window_lo, window_hi].
 enum class Window { kQuantRange, kInput };
 // What the op returns beside y: a packed mask (one bit per element in memory
 // order), a bool mask shaped like y, or none (fake_quantize_lsq's forward).
 enum class MaskOut { kPacked, kBool, kNone };
 
-C10_HOST_DEVICE constexpr bool is_fp8(Output o) {
-  return o == Output::kFp8E4M3 || o == Output::kFp8E5M2;
+C10_HOST_DEVICE constexpr bool is_float_output(Output o) {
+  return o == Output::kFp8E4M3 || o == Output::kFp8E5M2 || o == Output::kFp6E3M2 ||
+         o == Output::kFp6E2M3;
+}
+
+// The format of a float output. (Device code may not refer to namespace-scope
+// objects such as kE4M3 at run time, so the formats are copied into constexpr
+// locals first.)
+template <Output O>
+C10_HOST_DEVICE constexpr FloatFormat float_format_of_output() {
+  return O == Output::kFp8E4M3   ? kE4M3
+         : O == Output::kFp8E5M2 ? kE5M2
+         : O == Output::kFp6E3M2 ? kE3M2
+                                 : kE2M3;
+}
+
+// The float output of a format (host code: the ops choose it once).
+inline Output float_output_of(const FloatFormat& f) {
+  return f.max == kE4M3.max   ? Output::kFp8E4M3
+         : f.max == kE5M2.max ? Output::kFp8E5M2
+         : f.max == kE3M2.max ? Output::kFp6E3M2
+                              : Output::kFp6E2M3;
 }
 
 // --- the op families: parameter i -> its constants ----------------------------------------
@@ -314,9 +335,9 @@ struct AmaxFamily {
 // the CPU loops can keep them in separate arrays (vectorised loads).
 template <Output O, Window W, typename C, typename M>
 C10_HOST_DEVICE inline C quantize_value(C xv, C s, C lo, C hi, C zp, C wlo, C whi, M& m) {
-  if constexpr (is_fp8(O)) {
-    static_assert(W == Window::kInput, "the FP8 mask is the input window |x| <= amax");
-    constexpr FloatFormat format = O == Output::kFp8E4M3 ? kE4M3 : kE5M2;
+  if constexpr (is_float_output(O)) {
+    static_assert(W == Window::kInput, "the FP8/FP6 mask is the input window |x| <= amax");
+    constexpr FloatFormat format = float_format_of_output<O>();
     const C c = clamp_nan(div_rn(xv, s), lo, hi);
     m = static_cast<M>((xv >= wlo) & (xv <= whi));
     // float64 goes through float32 first, as torch's double -> float8 cast does;
@@ -340,21 +361,40 @@ C10_HOST_DEVICE inline C quantize_value(C xv, const Consts<C>& p, M& m) {
 // --- block-wise ---------------------------------------------------------------------------------
 
 // The element format: integers (exponent_bits == 0) or one of the small floats.
-enum class Elem : int { kInt, kE2M1, kE4M3, kE5M2 };
+enum class Elem : int { kInt, kE2M1, kE3M2, kE2M3, kE4M3, kE5M2 };
 
-// (Device code may not refer to namespace-scope objects such as kE4M3 at run
-// time, so the formats are copied into constexpr locals first.)
 template <Elem E>
 C10_HOST_DEVICE constexpr FloatFormat float_format_of() {
-  return E == Elem::kE2M1 ? kE2M1 : (E == Elem::kE4M3 ? kE4M3 : kE5M2);
+  return E == Elem::kE2M1   ? kE2M1
+         : E == Elem::kE3M2 ? kE3M2
+         : E == Elem::kE2M3 ? kE2M3
+         : E == Elem::kE4M3 ? kE4M3
+                            : kE5M2;
+}
+
+// The element of a format (host code).
+inline Elem elem_of(const FloatFormat& f) {
+  return f.max == kE2M1.max   ? Elem::kE2M1
+         : f.max == kE3M2.max ? Elem::kE3M2
+         : f.max == kE2M3.max ? Elem::kE2M3
+         : f.max == kE4M3.max ? Elem::kE4M3
+                              : Elem::kE5M2;
 }
 
 // The mask of a float element: |x / s| at most this, i.e. x / s rounds to the format
-// without saturating (max + half the top step; at the tie itself E4M3 rounds down
-// to max, E5M2/E2M1 up, which the mask ignores).
-C10_HOST_DEVICE constexpr float saturation_limit(FloatFormat f) {
-  return f.max == kE2M1.max ? 7.0f : (f.max == kE4M3.max ? 464.0f : 61440.0f);
+// without saturating: max + half the top step 2^(max_exponent - mantissa_bits), exact
+// in float32. (At the tie itself E4M3 rounds down to max, the others up, which the
+// mask ignores.)
+constexpr float saturation_limit(FloatFormat f) {
+  float half_step = 1.0f;
+  for (int e = f.max_exponent - f.mantissa_bits - 1; e > 0; --e) half_step *= 2.0f;
+  for (int e = f.max_exponent - f.mantissa_bits - 1; e < 0; ++e) half_step *= 0.5f;
+  return f.max + half_step;
 }
+static_assert(saturation_limit(kE4M3) == 464.0f && saturation_limit(kE5M2) == 61440.0f &&
+                  saturation_limit(kE2M1) == 7.0f && saturation_limit(kE3M2) == 30.0f &&
+                  saturation_limit(kE2M3) == 7.75f,
+              "max + half the top step");
 
 // Blocks tile memory without gaps, walked as rows of row_len elements:
 // row_len = block_size when it divides the last dimension (one block per row),
@@ -389,6 +429,32 @@ struct BlockRule {
   C float_limit;           // float elements: the largest |x / s| not saturated
 };
 
+// How a block's scale comes from its amax: amax / elem_max in float32 (one level),
+// that rounded to E4M3 against a per-tensor scale (two levels, NVFP4), or a power
+// of two (E8M0, the OCP microscaling formats).
+enum class BlockScale : int { kFloat32, kE4M3, kE8M0 };
+
+// The block-scale rule of one call.
+struct BlockScaleRule {
+  BlockScale kind;
+  float elem_max;      // kFloat32/kE4M3: the largest element magnitude (integer bound or format max)
+  int32_t scale_emax;  // kE8M0: the element's largest exponent (emax of the MX specification)
+};
+
+// The E8M0 scale of a block (OCP Microscaling Formats v1.0, section 6.3): 2^(floor(log2
+// amax) - emax), the exponent clamped to E8M0's [-127, 127]; NaN for an amax that is
+// NaN or infinite (E8M0's NaN). floor(log2 amax) is the exponent field of a normal
+// float32; a zero or subnormal amax gives an exponent below -126 - emax, clamped to
+// -127. 2^-127 is a float32 subnormal: built from its bit pattern.
+C10_HOST_DEVICE inline float e8m0_scale(float amax, int32_t emax) {
+  const uint32_t field = float_to_bits(amax) >> 23;  // amax >= 0 (or NaN: field 255 or 511)
+  if ((field & 0xffu) == 0xffu) return std::numeric_limits<float>::quiet_NaN();
+  int32_t e = static_cast<int32_t>(field & 0xffu) - 127;  // -127 for zero and subnormals
+  e -= emax;
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  return bits_to_float(e == -127 ? 0x00400000u : static_cast<uint32_t>(e + 127) << 23);
+}
+
 // The per-tensor scale of the block scales (two-level, NVFP4): scale_amax /
 // (elem_max * 448), elem_max * 448 exact in float32; NaN for an invalid
 // scale_amax, which then makes every output NaN.
@@ -403,19 +469,61 @@ C10_HOST_DEVICE inline float blockwise_global_scale(float scale_amax, float elem
 C10_HOST_DEVICE inline uint32_t abs_bits(float v) { return float_to_bits(v) & 0x7fffffffu; }
 
 // The scale of a block with amax `amax` (float32). One level: amax / elem_max.
-// Two levels: that scale rounded to E4M3 against the per-tensor scale g.
-template <bool kTwoLevel>
-C10_HOST_DEVICE inline float blockwise_scale(float amax, float elem_max, float g) {
-  constexpr FloatFormat kScaleFormat = kE4M3;
-  const float s = div_rn(amax, elem_max);
-  return kTwoLevel ? mul_rn(round_to_format(div_rn(s, g), kScaleFormat), g) : s;
+// Two levels: that scale rounded to E4M3 against the per-tensor scale g. E8M0:
+// e8m0_scale.
+template <BlockScale K>
+C10_HOST_DEVICE inline float blockwise_scale(float amax, const BlockScaleRule& r, float g) {
+  if constexpr (K == BlockScale::kE8M0) {
+    return e8m0_scale(amax, r.scale_emax);
+  } else {
+    constexpr FloatFormat kScaleFormat = kE4M3;
+    const float s = div_rn(amax, r.elem_max);
+    return K == BlockScale::kE4M3 ? mul_rn(round_to_format(div_rn(s, g), kScaleFormat), g) : s;
+  }
+}
+
+C10_HOST_DEVICE inline float blockwise_scale(float amax, const BlockScaleRule& r, float g) {
+  switch (r.kind) {
+    case BlockScale::kE8M0: return blockwise_scale<BlockScale::kE8M0>(amax, r, g);
+    case BlockScale::kE4M3: return blockwise_scale<BlockScale::kE4M3>(amax, r, g);
+    default: return blockwise_scale<BlockScale::kFloat32>(amax, r, g);
+  }
 }
 
 // Whether a block is degenerate: its outputs are 0 (NaN staying NaN). g is 1
 // for one-level scales; a NaN g (an invalid scale_amax on CUDA with value
-// checks off) makes no block degenerate, so every output is NaN.
-C10_HOST_DEVICE inline bool blockwise_degenerate(float amax, float s, float g) {
-  return (g == g) & ((amax <= kAmaxEpsilon) | (s == 0.0f) | (g <= 0.0f));
+// checks off) makes no block degenerate, so every output is NaN. E8M0 blocks
+// follow the MX specification instead: never degenerate (an all-zero block has
+// the scale 2^-127 and quantizes to zeros; a tiny amax keeps its values).
+C10_HOST_DEVICE inline bool blockwise_degenerate(float amax, float s, float g, BlockScale kind) {
+  return (kind != BlockScale::kE8M0) & (g == g) & ((amax <= kAmaxEpsilon) | (s == 0.0f) | (g <= 0.0f));
+}
+
+// --- centered blocks (per-token asymmetric: Model Optimizer's dynamic "max_min" bias) ---
+// A centered block is quantized about its centre b = max / 2 + min / 2 (float32):
+// y = q(x - b) + b, with the block's amax that of x - b. Its min and max come from
+// order keys (unsigned integers ordered as the floats; NaN with a clear sign bit
+// above +inf): the max key of x is the max, the max key of -x the negated min, so a
+// NaN anywhere makes one of them NaN and the block's centre NaN.
+C10_HOST_DEVICE inline uint32_t order_key(float v) {
+  const uint32_t b = float_to_bits(v);
+  return b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
+}
+C10_HOST_DEVICE inline float from_order_key(uint32_t k) {
+  return bits_to_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
+}
+
+struct Centered {
+  float center, amax;
+};
+
+// From the max key of x and the max key of -x: the centre, and the amax of x - b as the
+// element rule computes x - b in float32 (the block's extremes give the largest |x - b|).
+C10_HOST_DEVICE inline Centered centered_block(uint32_t max_key, uint32_t neg_max_key) {
+  const float mx = from_order_key(max_key), mn = -from_order_key(neg_max_key);
+  const float b = add_rn(mul_rn(mx, 0.5f), mul_rn(mn, 0.5f));
+  const float hi = sub_rn(mx, b), lo = sub_rn(b, mn);
+  return Centered{b, hi < lo ? lo : hi};  // NaN in: b and amax NaN
 }
 
 // An element of a degenerate block: +0, NaN staying NaN; the mask marks numbers.

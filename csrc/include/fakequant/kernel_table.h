@@ -40,10 +40,10 @@ struct BlockwiseJob {
   at::Tensor x, y, mask;
   BlockGeometry geometry;
   Elem elem = Elem::kInt;
-  float elem_max = 0.0f;     // the integer bound or the format's max
   BlockRule<float> rule{};   // in float32; the loops convert to the compute type
-  bool two_level = false;    // scale_amax given (then scale_amax points to its one value)
-  ParamPtr scale_amax{nullptr, ParamType::kFloat};
+  BlockScaleRule scale{BlockScale::kFloat32, 0.0f, 0};
+  ParamPtr scale_amax{nullptr, ParamType::kFloat};  // kE4M3 scales: its one value
+  bool centered = false;  // blocks quantized about their centre (contract.h)
 };
 
 // fake_quantize_lsq_backward: x, grad and grad_input dense with one layout,

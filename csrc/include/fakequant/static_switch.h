@@ -58,7 +58,8 @@ void with_quantize_rule(const QuantizeJob& job, F&& f) {
           f(family, Fake{}, W{}, Packed{});
         } else {
           TORCH_INTERNAL_ASSERT(job.mask_out == MaskOut::kPacked);
-          static_switch<Output, Output::kFake, Output::kInteger, Output::kFp8E4M3, Output::kFp8E5M2>(
+          static_switch<Output, Output::kFake, Output::kInteger, Output::kFp8E4M3, Output::kFp8E5M2,
+                        Output::kFp6E3M2, Output::kFp6E2M3>(
               job.output, [&](auto o) { f(family, o, W{}, Packed{}); });
         }
       },
@@ -79,7 +80,8 @@ void with_bits_type(int64_t element_size, F&& f) {
 // The element formats of fake_quantize_blockwise.
 template <typename F>
 void with_elem(Elem elem, F&& f) {
-  static_switch<Elem, Elem::kInt, Elem::kE2M1, Elem::kE4M3, Elem::kE5M2>(elem, std::forward<F>(f));
+  static_switch<Elem, Elem::kInt, Elem::kE2M1, Elem::kE3M2, Elem::kE2M3, Elem::kE4M3, Elem::kE5M2>(
+      elem, std::forward<F>(f));
 }
 
 }  // namespace fakequant
