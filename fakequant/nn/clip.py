@@ -89,7 +89,8 @@ class Clip(nn.Module):
         # either loads into either.
         for name, p in self._parameters.items():
             src = state_dict.get(prefix + name)
-            if (p is not None and _plain(src) and _plain(p) and src.numel() == 1 and p.numel() == 1 and src.shape != p.shape):
+            if (p is not None and _plain(src) and _plain(p) and src.numel() == 1 and p.numel() == 1
+                    and src.shape != p.shape):
                 state_dict[prefix + name] = src.reshape(p.shape)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
