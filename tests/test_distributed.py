@@ -4,29 +4,23 @@ Every rank calibrates on its own share of the data; fakequant.calibrate merges t
 statistics (MaxCalibrator: all-reduce MAX; HistogramCalibrator: histograms summed on
 a common grid), so every rank ends with the same amax, the amax of all the data.
 Under DistributedDataParallel the quantizers' _amax buffers are broadcast with the
-other buffers and stay in sync; FSDP2 (fully_shard) is checked on the CPU too.
+other buffers and stay in sync; FSDP2 (fully_shard) is checked on the CPU too (QAT of a
+transformer under FSDP2, learned ranges and sharded checkpoints: test_fsdp.py).
 
 One spawn of two processes runs every scenario (the start-up is most of the cost);
 each rank saves what it computed and the checks run here, in the parent.
 """
-import datetime
-import os
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import fakequant
+from dist_helpers import WORLD, run_ranks, save
 from fakequant import calib
 from fakequant import nn as quant_nn
 from fakequant.nn import TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor
-
-WORLD = 2
-TIMEOUT_S = 240
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="needs torch.distributed with gloo")
@@ -118,105 +112,85 @@ def params(model):
 # --- the ranks ------------------------------------------------------------------------
 
 
-def _worker(rank, world, store_path, out_dir):
-    torch.set_num_threads(1)
-    if "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback: no network needed, whatever the hostname resolves to
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S // 2))
+def _worker(rank, world, out_dir):
+    res = {}
+    # Max calibration; a rank with no data at all still gets the amax.
+    m = fakequant.calibrate(net(), shard(rank), progress=False)
+    res["max"] = quantizer_amax(m)
+    m = fakequant.calibrate(net(), shard(rank) if rank == 0 else [], progress=False)
+    res["max_one_rank"] = quantizer_amax(m)
+
+    # Histogram calibration: one collection, amax by every method (each call merges again).
+    for same in (False, True):
+        m = net(histogram=True)
+        fakequant.utils.collect_stats(m, shard(rank, same_max=same), progress=False)
+        res[f"hist_same{same}"] = {}
+        for method in METHODS:
+            fakequant.utils.compute_amax(m, method, start_bin=32)
+            res[f"hist_same{same}"][method] = quantizer_amax(m)
+        # The calibrators merge again from their own data; collecting goes on from it.
+        h, mx = per_channel_calibrators(rank, same)
+        local_hist = h._calib_hist.clone()
+        h.sync()
+        mx.sync()
+        res[f"channels_same{same}"] = dict(histogram_amax(h), maxcal=mx.compute_amax())
+        h.sync()  # again: not doubled
+        res[f"channels_twice_same{same}"] = histogram_amax(h)
+        h.collect(torch.zeros(5, 0))  # (adds nothing)
+        res[f"local_after_collect_same{same}"] = torch.equal(h._calib_hist, local_hist)
+    m = fakequant.calibrate(net(histogram=True), shard(rank) if rank == 1 else [], method="entropy",
+                            progress=False, start_bin=32)
+    res["hist_one_rank"] = quantizer_amax(m)
+
+    # QAT under DDP: calibrated first, then wrapped; buffers broadcast from rank 0.
+    model = fakequant.calibrate(net(), shard(rank), progress=False)
+    ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=True)
+    train_steps(ddp, rank)
+    res["ddp_amax"], res["ddp_params"] = quantizer_amax(model), params(model)
+    if rank == 1:  # a rank whose amax went astray is brought back by the next forward
+        for q in model.modules():
+            if isinstance(q, TensorQuantizer):
+                q.amax.mul_(3.0)
+    ddp.eval()
+    with torch.no_grad():
+        ddp(torch.randn(2, 3, 8, 8))
+    res["ddp_amax_restored"] = quantizer_amax(model)
+
+    # Wrapped in DDP before calibration (the quantizers get their _amax buffers then).
+    model = net()
+    ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=True)
+    fakequant.calibrate(ddp.module, shard(rank), progress=False)
+    train_steps(ddp, rank)
+    if rank == 1:
+        for q in model.modules():
+            if isinstance(q, TensorQuantizer):
+                q.amax.mul_(3.0)
+    train_steps(ddp, rank, steps=1)
+    res["ddp_late_amax"], res["ddp_late_params"] = quantizer_amax(model), params(model)
+
+    # FSDP2 (fully_shard) on the CPU, where this torch has it.
     try:
-        res = {}
-        # Max calibration; a rank with no data at all still gets the amax.
-        m = fakequant.calibrate(net(), shard(rank), progress=False)
-        res["max"] = quantizer_amax(m)
-        m = fakequant.calibrate(net(), shard(rank) if rank == 0 else [], progress=False)
-        res["max_one_rank"] = quantizer_amax(m)
-
-        # Histogram calibration: one collection, amax by every method (each call merges again).
-        for same in (False, True):
-            m = net(histogram=True)
-            fakequant.utils.collect_stats(m, shard(rank, same_max=same), progress=False)
-            res[f"hist_same{same}"] = {}
-            for method in METHODS:
-                fakequant.utils.compute_amax(m, method, start_bin=32)
-                res[f"hist_same{same}"][method] = quantizer_amax(m)
-            # The calibrators merge again from their own data; collecting goes on from it.
-            h, mx = per_channel_calibrators(rank, same)
-            local_hist = h._calib_hist.clone()
-            h.sync()
-            mx.sync()
-            res[f"channels_same{same}"] = dict(histogram_amax(h), maxcal=mx.compute_amax())
-            h.sync()  # again: not doubled
-            res[f"channels_twice_same{same}"] = histogram_amax(h)
-            h.collect(torch.zeros(5, 0))  # (adds nothing)
-            res[f"local_after_collect_same{same}"] = torch.equal(h._calib_hist, local_hist)
-        m = fakequant.calibrate(net(histogram=True), shard(rank) if rank == 1 else [], method="entropy",
-                                progress=False, start_bin=32)
-        res["hist_one_rank"] = quantizer_amax(m)
-
-        # QAT under DDP: calibrated first, then wrapped; buffers broadcast from rank 0.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        res["fsdp"] = None
+    else:
+        mesh = init_device_mesh("cpu", (world,))
         model = fakequant.calibrate(net(), shard(rank), progress=False)
-        ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=True)
-        train_steps(ddp, rank)
-        res["ddp_amax"], res["ddp_params"] = quantizer_amax(model), params(model)
-        if rank == 1:  # a rank whose amax went astray is brought back by the next forward
-            for q in model.modules():
-                if isinstance(q, TensorQuantizer):
-                    q.amax.mul_(3.0)
-        ddp.eval()
-        with torch.no_grad():
-            ddp(torch.randn(2, 3, 8, 8))
-        res["ddp_amax_restored"] = quantizer_amax(model)
-
-        # Wrapped in DDP before calibration (the quantizers get their _amax buffers then).
-        model = net()
-        ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=True)
-        fakequant.calibrate(ddp.module, shard(rank), progress=False)
-        train_steps(ddp, rank)
-        if rank == 1:
-            for q in model.modules():
-                if isinstance(q, TensorQuantizer):
-                    q.amax.mul_(3.0)
-        train_steps(ddp, rank, steps=1)
-        res["ddp_late_amax"], res["ddp_late_params"] = quantizer_amax(model), params(model)
-
-        # FSDP2 (fully_shard) on the CPU, where this torch has it.
-        try:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-        except ImportError:
-            res["fsdp"] = None
-        else:
-            mesh = init_device_mesh("cpu", (world,))
-            model = fakequant.calibrate(net(), shard(rank), progress=False)
-            for layer in model:
-                if isinstance(layer, (quant_nn.Conv2d, quant_nn.Linear)):
-                    fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            train_steps(model, rank)
-            res["fsdp"] = {"amax": quantizer_amax(model), "params": params(model)}
-            fakequant.calibrate(model, shard(rank, batches=1), progress=False)  # calibrated while sharded
-            res["fsdp"]["recalibrated"] = quantizer_amax(model)
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+        for layer in model:
+            if isinstance(layer, (quant_nn.Conv2d, quant_nn.Linear)):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        train_steps(model, rank)
+        res["fsdp"] = {"amax": quantizer_amax(model), "params": params(model)}
+        fakequant.calibrate(model, shard(rank, batches=1), progress=False)  # calibrated while sharded
+        res["fsdp"]["recalibrated"] = quantizer_amax(model)
+    save(res, rank, out_dir)
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dist")
-    ctx = mp.start_processes(_worker, args=(WORLD, str(tmp / "store"), str(tmp)), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD} ranks did not finish in {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    return run_ranks(_worker, tmp_path_factory.mktemp("dist"))
 
 
 def assert_equal_dicts(a, b):

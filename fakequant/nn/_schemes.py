@@ -104,7 +104,8 @@ class _Learned:
 
     def __call__(self, q, inputs):
         inputs = q.clip(inputs)
-        neg_min, clip_max = -q.clip.clip_value_min, q.clip.clip_value_max
+        clip_min, clip_max = q.clip.bounds()
+        neg_min = -clip_min
         # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
         amax = torch.where(neg_min > clip_max, neg_min, clip_max)
         if (type(q).learn_amax_method != "lsq" or q._values is not FAKE_INTEGER

@@ -27,6 +27,11 @@ def _bound(value, name, learn):
     raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
 
 
+def _plain(t):
+    # a tensor or a Parameter, not a subclass (a DTensor keeps its shape as it is)
+    return type(t) in (torch.Tensor, nn.Parameter)
+
+
 class Clip(nn.Module):
     """Clamps its input to ``[clip_value_min, clip_value_max]``.
 
@@ -38,7 +43,9 @@ class Clip(nn.Module):
 
     Learnable bounds are parameters named ``clip_value_min`` / ``clip_value_max``
     (the state_dict keys of pytorch-quantization); fixed bounds are
-    non-persistent buffers that follow ``.to()``.
+    non-persistent buffers that follow ``.to()``. A learnable bound is 0-dimensional,
+    or of shape ``(1,)`` after :meth:`learned_bounds_1d_` (FSDP2's ``fully_shard``
+    shards no 0-dimensional parameter); a checkpoint of either shape loads into both.
     """
 
     def __init__(self, clip_value_min, clip_value_max, learn_min=False, learn_max=False):
@@ -54,8 +61,42 @@ class Clip(nn.Module):
             else:
                 self.register_buffer(name, t, persistent=False)
 
+    def bounds(self):
+        """``(clip_value_min, clip_value_max)`` as the forward applies them: a learnable
+        bound of shape ``(1,)`` is read through a 0-dimensional view (gradients reach it)."""
+        return tuple(self._as_applied(name) for name in ("clip_value_min", "clip_value_max"))
+
+    def _as_applied(self, name):
+        t = getattr(self, name)
+        return t.reshape(()) if name in self._parameters and t.dim() == 1 else t
+
+    def learned_bounds_1d_(self):
+        """Holds every learnable bound as a parameter of shape ``(1,)`` (a new
+        ``nn.Parameter``, same value and ``requires_grad``): FSDP2's ``fully_shard``
+        rejects 0-dimensional parameters. The forward, its gradients and the exported
+        graph's values are unchanged. Call it before building the optimizer, which
+        holds the parameter objects. Returns how many bounds changed."""
+        changed = 0
+        for name, p in list(self._parameters.items()):
+            if p is not None and p.dim() == 0:
+                self.register_parameter(name, nn.Parameter(p.detach().reshape(1), requires_grad=p.requires_grad))
+                changed += 1
+        return changed
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # A learnable bound is one value, saved 0-dimensional or as shape (1,):
+        # either loads into either.
+        for name, p in self._parameters.items():
+            src = state_dict.get(prefix + name)
+            if (p is not None and _plain(src) and _plain(p) and src.numel() == 1 and p.numel() == 1
+                    and src.shape != p.shape):
+                state_dict[prefix + name] = src.reshape(p.shape)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
     def forward(self, inputs):
-        return clip(inputs, self.clip_value_min, self.clip_value_max)
+        return clip(inputs, *self.bounds())
 
     def extra_repr(self):
         def show(t):

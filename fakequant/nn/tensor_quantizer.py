@@ -379,8 +379,11 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             raise RuntimeError("init_learn_amax needs an amax: calibrate (load_calib_amax) or set amax first")
         init = amax.max() if amax.numel() != 1 else amax.reshape(())
         with torch.no_grad():
-            self.clip.clip_value_min.copy_(-init)
-            self.clip.clip_value_max.copy_(init)
+            for bound, value in ((self.clip.clip_value_min, -init), (self.clip.clip_value_max, init)):
+                # A bound sharded by FSDP2 (a DTensor; fakequant.utils.prepare_fully_shard)
+                # holds this one value in every element: each rank fills its own shard.
+                local = bound.to_local() if hasattr(bound, "to_local") else bound
+                local.copy_(value)
 
     def _kept_axes(self, ndim):
         return _core.resolve_axes(self._axis, ndim, "quantizer axis")
@@ -588,21 +591,28 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         super().__setstate__(state)
         self._configure()
 
+    # The buffers a checkpoint may bring to a quantizer that lacks them.
+    _LOADABLE_BUFFERS = ("_amax", "_pre_quant_scale")
+
+    def _make_room(self, name, shape):
+        """Registers buffer ``name`` (one of ``_LOADABLE_BUFFERS``) with ``shape``,
+        zero-filled float32 on this module's device, unless it has that shape already."""
+        shape = torch.Size(shape)
+        dst = self._buffers.get(name)
+        if dst is None or dst.shape != shape:
+            device = dst.device if dst is not None else self._state_device(torch.device("cpu"))
+            self._buffers.pop(name, None)
+            self.register_buffer(name, torch.zeros(shape, dtype=torch.float32, device=device))
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # amax and pre_quant_scale are data, not architecture: a checkpoint may
         # bring them to a quantizer that has none yet (still dynamic), or with
         # another shape (per channel instead of per tensor). Make room for them
         # on this module's device (pytorch-quantization forces CUDA here).
-        for name in ("_amax", "_pre_quant_scale"):
-            key = prefix + name
-            src = state_dict.get(key)
-            if not isinstance(src, torch.Tensor):
-                continue
-            dst = self._buffers.get(name)
-            if dst is None or dst.shape != src.shape:
-                device = dst.device if dst is not None else self._state_device(torch.device("cpu"))
-                self._buffers.pop(name, None)
-                self.register_buffer(name, torch.empty(src.shape, dtype=torch.float32, device=device))
+        for name in self._LOADABLE_BUFFERS:
+            src = state_dict.get(prefix + name)
+            if isinstance(src, torch.Tensor):
+                self._make_room(name, src.shape)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)

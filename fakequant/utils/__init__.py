@@ -1,6 +1,8 @@
-"""Helpers QAT scripts import: :func:`reduce_amax`, :func:`calibrate`, logging helpers."""
+"""Helpers QAT scripts import: :func:`reduce_amax`, :func:`calibrate`, FSDP2 helpers, logging helpers."""
 from .reduce_amax import reduce_amax
 from .calibrate import calibrate, collect_stats, compute_amax
+from .fsdp import prepare_fully_shard, register_quantizer_buffers
 from .quant_logging import reset_logger_handler
 
-__all__ = ["reduce_amax", "calibrate", "collect_stats", "compute_amax", "reset_logger_handler"]
+__all__ = ["reduce_amax", "calibrate", "collect_stats", "compute_amax", "prepare_fully_shard",
+           "register_quantizer_buffers", "reset_logger_handler"]

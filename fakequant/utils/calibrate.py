@@ -129,6 +129,20 @@ def _sync_calibrators(quantizers, sync, group):
             calibrator.sync(group)
 
 
+def _reshard(model):
+    """Reshards the FSDP2 (``fully_shard``) modules of ``model`` that a forward left
+    unsharded (the root, under ``no_grad``): their registered parameters are then the
+    sharded ones, which the learned ranges set here must reach (a value written to an
+    unsharded parameter is dropped when it is resharded)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # (a torch without FSDP2)
+        return
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = False, *,
                  sync: Optional[bool] = None, group=None, **kwargs) -> int:
     """Loads every calibrator's amax into its quantizer.
@@ -160,6 +174,7 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
         raise ValueError(f"method must be one of {list(HISTOGRAM_METHODS)}, got {method!r}")
     quantizers = _quantizers(model)
     _sync_calibrators(quantizers, sync, group)
+    _reshard(model)
     loaded = 0
     for name, q in quantizers:
         calibrator = q._calibrator
