@@ -358,8 +358,12 @@ def _warn_common_skipped(model, excluded, converted):
     # converted: the float classes this call converts (exactly those classes); what is left
     # of them in float is a subclass (or was refused by _convert, which warned already)
     left_out = _at_or_below(excluded)
+    def owned(name):  # a float MultiheadAttention's out_proj goes (or stays) with its attention
+        parent = name.rpartition(".")[0]
+        return "." in name and isinstance(model.get_submodule(parent), torch.nn.MultiheadAttention)
+
     skipped = [(name, cls) for name, cls in unconverted(model)
-               if not left_out(name)
+               if not left_out(name) and not owned(name)
                and isinstance(model.get_submodule(name), converted)
                and type(model.get_submodule(name)) not in converted]
     if skipped:
