@@ -12,12 +12,13 @@ Two ways:
 """
 import contextlib
 import fnmatch
+import sys
 import warnings
 from collections import namedtuple
 
 import torch
 
-from . import presets
+from . import hf, presets
 from . import nn as quant_nn
 from .nn._utils import QuantInputMixin, QuantMixin
 from .nn.tensor_quantizer import TensorQuantizer
@@ -25,7 +26,7 @@ from .tensor_quant import QuantDescriptor
 from ._core import enable_onnx_export  # noqa: F401  (pytorch-quantization's name; per-thread switches)
 
 __all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "unconverted",
-           "QuantModuleReplacementHelper"]
+           "QuantModuleReplacementHelper", "DEFAULT_EXCLUDE"]
 
 # What conversion leaves alone: quantized modules and quantizers.
 _QUANTIZED = (QuantMixin, QuantInputMixin, TensorQuantizer)
@@ -40,6 +41,7 @@ _DEFAULT_QUANT_MAP = [
     _quant_entry(torch.nn, "ConvTranspose2d", quant_nn.QuantConvTranspose2d),
     _quant_entry(torch.nn, "ConvTranspose3d", quant_nn.QuantConvTranspose3d),
     _quant_entry(torch.nn, "Linear", quant_nn.QuantLinear),
+    _quant_entry(torch.nn, "MultiheadAttention", quant_nn.QuantMultiheadAttention),
     _quant_entry(torch.nn, "LSTM", quant_nn.QuantLSTM),
     _quant_entry(torch.nn, "LSTMCell", quant_nn.QuantLSTMCell),
     _quant_entry(torch.nn, "AvgPool1d", quant_nn.QuantAvgPool1d),
@@ -53,13 +55,43 @@ _DEFAULT_QUANT_MAP = [
 # The float classes, captured before anything is patched.
 _FLOAT_CLASSES = {(id(e.orig_mod), e.mod_name): getattr(e.orig_mod, e.mod_name) for e in _DEFAULT_QUANT_MAP}
 
+# Classes of other libraries that quantize_model converts when the library is loaded
+# (imported by the user; fakequant imports none of them): (module name, class name,
+# quantized class). initialize() patches none of them.
+_OPTIONAL_QUANT_MAP = [
+    ("transformers.pytorch_utils", "Conv1D", quant_nn.QuantConv1D),  # GPT-2's linear layer
+]
+
+
+def _optional_classes():
+    """``{float class: quantized class}`` of :data:`_OPTIONAL_QUANT_MAP` whose library is loaded."""
+    found = {}
+    for module_name, name, quant_cls in _OPTIONAL_QUANT_MAP:
+        cls = getattr(sys.modules.get(module_name), name, None)
+        if isinstance(cls, type):
+            found[cls] = (name, quant_cls)
+    return found
+
+
+# The layers quantize_model leaves in float unless told otherwise (exclude=None): the
+# output heads and routers that recipes keep in float (Model Optimizer's defaults too), as
+# fnmatch patterns of qualified module names. Embeddings and norms are not converted at all.
+DEFAULT_EXCLUDE = (
+    "*lm_head*",             # language-model heads (GPT-2, Llama, ...)
+    "*proj_out*",            # Whisper's output projection
+    "*router*",              # mixture-of-experts routers
+    "*mlp.gate",             # MoE gates (Qwen-MoE, DeepSeek); not Llama's mlp.gate_proj
+    "*block_sparse_moe.gate",  # Mixtral's gate
+    "*shared_expert_gate",   # Qwen-MoE
+)
+
 
 def _check_float_module_list(float_module_list):
     if float_module_list is None:
         return set()
     if isinstance(float_module_list, str) or not all(isinstance(n, str) for n in float_module_list):
         raise TypeError(f"float_module_list must be a list of module names (str), got {float_module_list!r}")
-    known = {e.mod_name for e in _DEFAULT_QUANT_MAP}
+    known = {e.mod_name for e in _DEFAULT_QUANT_MAP} | {name for _, name, _ in _OPTIONAL_QUANT_MAP}
     unknown = sorted(set(float_module_list) - known)
     if unknown:
         warnings.warn(f"float_module_list names {unknown}, which are not quantized anyway (known: {sorted(known)})",
@@ -175,6 +207,10 @@ def _convert(module, quant_cls, quant_desc_input, quant_desc_weight):
     if isinstance(module, torch.nn.LSTM) and module.proj_size:
         warnings.warn(f"an LSTM with proj_size={module.proj_size} cannot be quantized; left in float", stacklevel=3)
         return None
+    if isinstance(module, torch.nn.MultiheadAttention) and quant_nn.QuantMultiheadAttention.unsupported(module):
+        warnings.warn(f"a MultiheadAttention cannot be quantized: {quant_nn.QuantMultiheadAttention.unsupported(module)}"
+                      "; left in float", stacklevel=3)
+        return None
     converted = quant_cls.__new__(quant_cls)
     # Shallow copies of the containers (parameter/buffer/module dicts, hook dicts,
     # sets): the tensors are shared, the bookkeeping is not.
@@ -199,16 +235,17 @@ def _convert(module, quant_cls, quant_desc_input, quant_desc_weight):
 
 
 def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_module_list=None,
-                   custom_quant_modules=None, exclude=None, preset=None):
+                   custom_quant_modules=None, exclude=None, preset=None, quantize_attention=False):
     """Converts the layers of an existing model to quantized layers, in place.
 
     Every submodule whose class is one of those :func:`initialize` patches
     (``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d``, ``nn.Linear``,
-    ``nn.LSTM``, ``nn.LSTMCell``, ``nn.AvgPool*``, ``nn.AdaptiveAvgPool*``;
-    exactly that class, not subclasses) or named in ``custom_quant_modules``
-    becomes its quantized class. The new modules share the old ones'
-    parameters, buffers, hooks and train/eval mode: pretrained weights are
-    kept and no weight is re-initialised.
+    ``nn.MultiheadAttention``, ``nn.LSTM``, ``nn.LSTMCell``, ``nn.AvgPool*``,
+    ``nn.AdaptiveAvgPool*``; exactly that class, not subclasses), transformers'
+    ``Conv1D`` when transformers is loaded (:class:`~fakequant.nn.QuantConv1D`), or
+    named in ``custom_quant_modules`` becomes its quantized class. The new modules
+    share the old ones' parameters, buffers, hooks and train/eval mode: pretrained
+    weights are kept and no weight is re-initialised. Embeddings and norms stay float.
 
     Args:
         model: the module to convert.
@@ -220,10 +257,16 @@ def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_m
             ``getattr(module, name)`` is converted to ``quant_class``, which must be a
             subclass of it (or accept its ``__dict__``).
         exclude: qualified submodule names (``fnmatch`` patterns such as ``"fc"`` or
-            ``"layer4.*"``) to leave in float, with everything below them.
+            ``"layer4.*"``) to leave in float, with everything below them. Default
+            (None): :data:`DEFAULT_EXCLUDE` (``*lm_head*`` and the other output heads and
+            routers); ``[]`` converts everything.
         preset: a recipe's name (``"W8A8"``, ``"W4A8"``, ``"FP8"``, ``"NVFP4"``, ``"MXFP4"``, ...:
             :mod:`fakequant.presets`) or a :class:`~fakequant.presets.Preset`, giving both
             descriptors; cannot be combined with ``quant_desc_input``/``quant_desc_weight``.
+        quantize_attention: for a transformers model, also quantize the inputs of its
+            attention matmuls (query, key, value: ``q_bmm_quantizer``, ``k_bmm_quantizer``,
+            ``v_bmm_quantizer`` on each attention module, :mod:`fakequant.hf`). True uses the
+            input descriptor; a ``QuantDescriptor`` gives theirs. Default False.
 
     Returns:
         ``model`` (a new object only when ``model`` itself is converted).
@@ -237,9 +280,11 @@ def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_m
     for name, desc in (("quant_desc_input", quant_desc_input), ("quant_desc_weight", quant_desc_weight)):
         if desc is not None and not isinstance(desc, QuantDescriptor):
             raise TypeError(f"{name} must be a QuantDescriptor or None, got {type(desc).__name__}")
+    if not isinstance(quantize_attention, (bool, QuantDescriptor)):
+        raise TypeError(f"quantize_attention must be a bool or a QuantDescriptor, got {quantize_attention!r}")
     skip = _check_float_module_list(float_module_list)
     if exclude is None:
-        exclude = []
+        exclude = list(DEFAULT_EXCLUDE)
     elif isinstance(exclude, str) or not all(isinstance(p, str) for p in exclude):
         raise TypeError(f"exclude must be a list of module-name patterns (str), got {exclude!r}")
 
@@ -251,6 +296,9 @@ def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_m
         original = _quant_module_helper_object.orginal_func_map.get((id(entry.orig_mod), entry.mod_name))
         float_cls = original[2] if original else getattr(entry.orig_mod, entry.mod_name)
         mapping[float_cls] = entry.replace_mod
+    for float_cls, (name, quant_cls) in _optional_classes().items():
+        if name not in skip:
+            mapping.setdefault(float_cls, quant_cls)
 
     def excluded(qualified):
         return any(fnmatch.fnmatchcase(qualified, p) for p in exclude)
@@ -270,14 +318,11 @@ def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_m
 
     converted = convert(model, "")
     _warn_common_skipped(converted, excluded, tuple(mapping))
+    if quantize_attention is not False:
+        desc = quantize_attention if isinstance(quantize_attention, QuantDescriptor) else (
+            quant_desc_input or quant_nn.QuantLinear.default_quant_desc_input)
+        hf.add_attention_quantizers(converted, desc, skip=_at_or_below(excluded))
     return converted
-
-
-# Layer types with weights that QAT users expect quantized but quantize_model leaves in float:
-# torch's attention (its in-projection is a bare parameter, its out-projection a Linear
-# subclass), transformers' GPT-2 Conv1D (a Linear with a transposed weight), and subclasses of
-# the converted classes (converted are exactly those classes).
-_WARNED_CLASS_NAMES = ("MultiheadAttention", "Conv1D")
 
 
 def unconverted(model: torch.nn.Module):
@@ -301,15 +346,26 @@ def unconverted(model: torch.nn.Module):
     return found
 
 
-def _warn_common_skipped(model, excluded, converted):
-    # converted: the float classes this call converts (exactly those classes)
-    def left_out(name):  # the module or one above it excluded by the user
+def _at_or_below(excluded):
+    """Whether a qualified name or one above it is ``excluded``."""
+    def test(name):
         parts = name.split(".") if name else []
         return any(excluded(".".join(parts[:i])) for i in range(1, len(parts) + 1))
+    return test
+
+
+def _warn_common_skipped(model, excluded, converted):
+    # converted: the float classes this call converts (exactly those classes); what is left
+    # of them in float is a subclass (or was refused by _convert, which warned already)
+    left_out = _at_or_below(excluded)
+    def owned(name):  # a float MultiheadAttention's out_proj goes (or stays) with its attention
+        parent = name.rpartition(".")[0]
+        return "." in name and isinstance(model.get_submodule(parent), torch.nn.MultiheadAttention)
 
     skipped = [(name, cls) for name, cls in unconverted(model)
-               if not left_out(name)
-               and (cls in _WARNED_CLASS_NAMES or isinstance(model.get_submodule(name), converted))]
+               if not left_out(name) and not owned(name)
+               and isinstance(model.get_submodule(name), converted)
+               and type(model.get_submodule(name)) not in converted]
     if skipped:
         listed = ", ".join(f"{name or '(the model)'} ({cls})" for name, cls in skipped[:8])
         more = f" and {len(skipped) - 8} more" if len(skipped) > 8 else ""

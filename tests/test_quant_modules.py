@@ -458,12 +458,16 @@ def test_degenerate_calibrated_amax_warns_and_a_zero_weight_still_trains():
     assert lin.input_quantizer.amax is not None
 
 
+class _SubLinear(nn.Linear):
+    """A Linear subclass: quantize_model converts exact classes only."""
+
+
 class _AttentionBlock(nn.Module):
-    def __init__(self):
+    def __init__(self, attn=None):
         super().__init__()
-        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.attn = attn or nn.MultiheadAttention(16, 2, batch_first=True)
         self.norm = nn.LayerNorm(16)
-        self.fc = nn.Linear(16, 16)
+        self.fc = _SubLinear(16, 16)
 
     def forward(self, x):
         return self.fc(self.norm(self.attn(x, x, x)[0]))
@@ -472,16 +476,26 @@ class _AttentionBlock(nn.Module):
 def test_quantize_model_reports_layers_left_in_float():
     import warnings
 
-    with pytest.warns(UserWarning, match=r"left 2 layer\(s\).*attn \(MultiheadAttention\), attn.out_proj "
-                                         r"\(NonDynamicallyQuantizableLinear\)"):
+    with pytest.warns(UserWarning, match=r"left 1 layer\(s\).*fc \(_SubLinear\)"):
         net = fakequant.quantize_model(_AttentionBlock())
-    assert quant_modules.unconverted(net) == [("attn", "MultiheadAttention"),
-                                              ("attn.out_proj", "NonDynamicallyQuantizableLinear"),
-                                              ("norm", "LayerNorm")]
+    # the attention is converted with its out_proj (not separately)
+    assert isinstance(net.attn, quant_nn.QuantMultiheadAttention)
+    assert isinstance(net.attn.out_proj, quant_nn.QuantLinear)
+    assert quant_modules.unconverted(net) == [("norm", "LayerNorm"), ("fc", "_SubLinear")]
+    # an attention with bias_k cannot be converted: said once, where it is refused (its
+    # out_proj stays with it)
+    with pytest.warns(UserWarning) as caught:
+        net = fakequant.quantize_model(_AttentionBlock(nn.MultiheadAttention(16, 2, add_bias_kv=True)),
+                                       exclude=["fc"])
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "MultiheadAttention cannot be quantized: bias_k" in messages[0]
+    assert quant_modules.unconverted(net)[:2] == [("attn", "MultiheadAttention"),
+                                                  ("attn.out_proj", "NonDynamicallyQuantizableLinear")]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # what the user left out on purpose, or nothing usual: no warning
-        fakequant.quantize_model(_AttentionBlock(), exclude=["attn"])
+        fakequant.quantize_model(_AttentionBlock(), exclude=["fc"])
         fakequant.quantize_model(small_net())
         fakequant.quantize_model(nn.Sequential(nn.Linear(4, 4)), float_module_list=["Linear"])
+        fakequant.quantize_model(_AttentionBlock(), exclude=["fc"], float_module_list=["MultiheadAttention"])
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         quant_modules.unconverted("net")

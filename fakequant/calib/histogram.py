@@ -540,7 +540,9 @@ def calibrate_weights(model, method="percentile", perchannel=True, percentile=99
         raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
     for module in model.modules():
         quantizer = getattr(module, "weight_quantizer", None) if hasattr(module, "_weight_quantizer") else None
-        weight = getattr(module, "weight", None)
+        # (a module whose quantizer sees its weight in another layout, GPT-2's Conv1D, says so)
+        view = getattr(module, "_weight_for_quantizer", None)
+        weight = view() if callable(view) else getattr(module, "weight", None)
         if quantizer is None or not isinstance(weight, torch.Tensor):
             continue
         axis = (1 if getattr(module, "transposed", False) else 0) if perchannel else None

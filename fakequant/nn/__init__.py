@@ -12,6 +12,8 @@ from .quant_conv import (
     QuantConv1d, QuantConv2d, QuantConv3d, QuantConvTranspose1d, QuantConvTranspose2d, QuantConvTranspose3d,
 )
 from .quant_linear import Linear, QuantLinear
+from .quant_conv1d_hf import QuantConv1D
+from .quant_attention import MultiheadAttention, QuantMultiheadAttention
 from .quant_pooling import (
     AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AvgPool1d, AvgPool2d, AvgPool3d,
     MaxPool1d, MaxPool2d, MaxPool3d,
@@ -28,7 +30,7 @@ __all__ = [
     "TensorQuantizer", "Clip", "QuantMixin", "QuantInputMixin", "pop_quant_desc_in_kwargs",
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
     "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose1d", "QuantConvTranspose2d",
-    "QuantConvTranspose3d", "Linear", "QuantLinear",
+    "QuantConvTranspose3d", "Linear", "QuantLinear", "QuantConv1D", "MultiheadAttention", "QuantMultiheadAttention",
     "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
     "QuantMaxPool1d", "QuantMaxPool2d", "QuantMaxPool3d", "QuantAvgPool1d", "QuantAvgPool2d", "QuantAvgPool3d",

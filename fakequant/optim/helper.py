@@ -89,9 +89,11 @@ def quant_weight_inplace(model):
     (for relax-and-round schemes; the float weight is lost)."""
     for module in model.modules():
         quantizer = getattr(module, "_weight_quantizer", None)
-        if quantizer is None or not isinstance(getattr(module, "weight", None), torch.Tensor):
+        view = getattr(module, "_weight_for_quantizer", None)  # (a view of the weight, written through)
+        weight = view() if callable(view) else getattr(module, "weight", None)
+        if quantizer is None or not isinstance(weight, torch.Tensor):
             continue
         if not quantizer.fake_quant:
             warnings.warn("in-place real (integer) quantization of a weight: inference only", stacklevel=2)
         with torch.no_grad():
-            module.weight.copy_(quantizer(module.weight))
+            weight.copy_(quantizer(weight))
