@@ -113,9 +113,10 @@ fuzz: build
 sanitize: build
 	PY=$(PY) MAX_JOBS=$(MAX_JOBS) tools/sanitize.sh
 
-# Only the slow tests (torch.compile with inductor), which the suite skips.
+# Only the slow tests (marked slow: torch.compile with inductor, whole transformers models
+# exported to ONNX, FSDP2 with a transformers model), which the suite skips.
 slow: build
-	FAKEQUANT_SLOW_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_compile_export.py -k inductor
+	FAKEQUANT_SLOW_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -m slow tests
 
 # Everything that fits in CI: the test suite with the slow tests (inductor),
 # the full fuzz campaign and the sanitizer run.

@@ -1,6 +1,22 @@
-"""Shared test parameters: every op test runs on each device and dtype here."""
+"""Shared test parameters: every op test runs on each device and dtype here; the slow
+marker (tests skipped unless FAKEQUANT_SLOW_TESTS=1: `make slow`, `make check`)."""
+import os
+
 import pytest
 import torch
+
+SLOW = os.environ.get("FAKEQUANT_SLOW_TESTS") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow (minutes of inductor compilation, ONNX exports of whole models,
+    several processes importing transformers) run only with FAKEQUANT_SLOW_TESTS=1."""
+    if SLOW:
+        return
+    skip = pytest.mark.skip(reason="slow: FAKEQUANT_SLOW_TESTS=1 (make slow)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]

@@ -9,7 +9,6 @@ with the eager kernels, so its numbers must equal eager's bit for bit.
 """
 import copy
 import io
-import os
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ from fakequant.nn import TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor
 from conftest import bits_equal  # noqa: E402
 
-SLOW = os.environ.get("FAKEQUANT_SLOW_TESTS") == "1"
 
 
 class BasicBlock(nn.Module):
@@ -163,7 +161,7 @@ def test_compiled_dynamic_batch_size():
             assert bits_equal(compiled(x), model(x))
 
 
-@pytest.mark.skipif(not SLOW, reason="inductor compiles C++ for about a minute: FAKEQUANT_SLOW_TESTS=1 (make check)")
+@pytest.mark.slow  # inductor compiles C++ for about a minute
 def test_inductor_training_matches_eager():
     eager = quantized_resnet(learn_amax=True)
     compiled_model = copy.deepcopy(eager)

@@ -18,7 +18,6 @@ trains on its half of each batch. Checked, in the parent process:
 * calibrating after ``fully_shard`` gives what calibrating before it gives.
 """
 import math
-import os
 
 import pytest
 import torch
@@ -435,7 +434,6 @@ def test_register_quantizer_buffers_from_a_mapping():
 
 # --- a Hugging Face model (optional dependency; slow: FAKEQUANT_SLOW_TESTS=1) ----------------
 
-SLOW = os.environ.get("FAKEQUANT_SLOW_TESTS") == "1"
 
 
 def llama():
@@ -481,7 +479,7 @@ def _llama_worker(rank, world, out_dir):
          rank, out_dir)
 
 
-@pytest.mark.skipif(not SLOW, reason="imports transformers in 3 processes: FAKEQUANT_SLOW_TESTS=1")
+@pytest.mark.slow  # imports transformers in 3 processes
 def test_tiny_llama_under_fully_shard(tmp_path):
     pytest.importorskip("transformers")
     ranks = run_ranks(_llama_worker, tmp_path)

@@ -25,7 +25,7 @@ LAYERS = [
     ("descriptors, functions and named recipes", {"tensor_quant", "presets"}),
     ("calibration statistics", {"calib"}),
     ("quantizers and quantized modules; torch.ao / torchao drop-in modules", {"nn", "ao"}),
-    ("model level", {"quant_modules", "utils", "optim"}),
+    ("model level", {"quant_modules", "utils", "optim", "hf"}),
     ("ONNX export", {"onnx"}),
     ("the package and its command line", {"fakequant", "__main__"}),
 ]

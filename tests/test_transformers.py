@@ -44,7 +44,7 @@ MODELS = {"bert": _bert, "gpt2": _gpt2, "llama": _llama}
 LAYERS = {"bert": 7, "gpt2": 4, "llama": 7}
 PRESETS = ["W8A8", "W4A8", "FP8", "FP8_PER_CHANNEL", "NVFP4"]
 # MX presets (MXFP8, MXFP4) join once the MX formats are implemented (the lead extends this).
-MX_PRESETS = []
+MX_PRESETS = ["MXFP8", "MXFP4"]
 # A matrix that stays fast: every model and every preset at least once.
 MATRIX = [("gpt2", "W8A8"), ("bert", "W8A8"), ("llama", "W8A8"), ("llama", "W4A8"), ("gpt2", "FP8"),
           ("bert", "FP8_PER_CHANNEL"), ("llama", "NVFP4")] + [("llama", p) for p in MX_PRESETS]
