@@ -180,11 +180,16 @@ def test_onnx_export_runs_in_onnxruntime(name, preset, tmp_path):
     # relative), and in a chain of layers such a difference can move an activation that
     # lies on a rounding boundary by one quantization step, which moves the output by that
     # step times a weight: up to a few 1e-4 of the output's range (seen: 2e-4, BERT W8A8).
+    # FP8 elements have steps of up to 1/8 of a value (int8: 1/127 of the range), so such a
+    # flip moves more: with MXFP8 on the Llama config one token of 8 differed by 1.9% of the
+    # output's range while every quantizer, run on the model's own activations, was exact
+    # in ONNX Runtime (all 7 checked bit for bit) and the other tokens agreed to 2e-7.
+    tolerance = 3e-2 if preset == "MXFP8" else 2e-3
     assert got.shape == expected.shape
-    assert np.abs(got - expected).max() <= 2e-3 * np.abs(expected).max()
+    assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max()
     types = {n.op_type for n in __import__("onnx").load(path).graph.node}
-    # FP4 E2M1 elements (NVFP4) export as Div/Round/Mul: ONNX Runtime has no FP4 QuantizeLinear
-    assert ({"Round"} if preset == "NVFP4" else {"QuantizeLinear", "DequantizeLinear"}) <= types
+    # FP4 E2M1 elements (NVFP4, MXFP4) export as Div/Round/Mul: ONNX Runtime has no FP4 QuantizeLinear
+    assert ({"Round"} if preset in ("NVFP4", "MXFP4") else {"QuantizeLinear", "DequantizeLinear"}) <= types
 
 
 def test_quant_conv1d():
