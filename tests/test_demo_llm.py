@@ -21,7 +21,7 @@ def test_demo_llm_quick(tmp_path):
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
-    assert "| recipe | PTQ, max | PTQ, entropy | QAT (2 steps) | ONNX Runtime vs PyTorch QAT |" in text
+    assert "| recipe | PTQ, max | PTQ, entropy | QAT (2 steps; 8-bit: 2) | ONNX Runtime vs PyTorch QAT |" in text
     assert text.count("| INT8 |") == 1 and text.count("| W4A8 |") == 1
     assert "ONNX Runtime vs PyTorch: top-1 agreement" in text
     results = json.loads((tmp_path / "results.json").read_text())
