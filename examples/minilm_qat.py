@@ -334,7 +334,7 @@ def plot(rows, float_top1, path):
         ax.grid(axis="y", alpha=0.3)
         if key == "top1":
             ax.set_ylim(max(0.0, min(ptq + qat_) - 5), 100.5)
-            ax.legend(loc="upper left")
+            ax.legend(loc="lower right", framealpha=0.9)
         else:
             ax.set_ylim(0, 1.2 * max(ptq + qat_))
             ax.legend(loc="upper right")
