@@ -334,13 +334,13 @@ def plot(rows, float_top1, path):
         ax.grid(axis="y", alpha=0.3)
         if key == "top1":
             ax.set_ylim(max(0.0, min(ptq + qat_) - 5), 100.5)
-            ax.legend(loc="lower right", framealpha=0.9)
         else:
-            ax.set_ylim(0, 1.2 * max(ptq + qat_))
-            ax.legend(loc="upper right")
+            ax.set_ylim(0, 1.15 * max(ptq + qat_))
     fig.suptitle(f"all-MiniLM-L6-v2 on held-out standard-library docstrings: PTQ vs QAT per recipe "
                  f"(float32 top-1 retrieval accuracy {float_top1:.1f}%)")
-    fig.tight_layout()
+    handles, labels = ax1.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=2, bbox_to_anchor=(0.5, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 0.86))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
