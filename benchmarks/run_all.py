@@ -34,9 +34,10 @@ sys.path.insert(0, HERE)
 
 MAIN_OPS = ("affine per-tensor", "affine per-channel", "amax per-tensor", "amax per-channel")
 CLONE_TARGET, TORCH_TARGET, QAT_TARGET, BITS_TARGET, GPU_TARGET = 1.15, 2.0, 1.3, 1.0, 0.9
-# Block-wise dynamic quantization (its own amax per block, in the same pass): the forward
-# within 1.3x of a clone on CPU.
-BLOCKWISE_OPS = ("block-wise int8 b32", "block-wise int8 b128", "block-wise NVFP4 b16")
+# Block-wise dynamic quantization (its own amax per block, in the same pass: NVFP4, the MX
+# formats, per-token rows too): the forward within 1.3x of a clone on CPU.
+BLOCKWISE_OPS = ("block-wise int8 b32", "block-wise int8 b128", "block-wise NVFP4 b16", "block-wise MXFP8 b32",
+                 "block-wise MXFP4 b32", "block-wise MXINT8 b32", "per-token int8", "per-token fp8")
 BLOCKWISE_TARGET = 1.3
 HEADLINE = 1 << 24
 
