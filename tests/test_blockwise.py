@@ -62,10 +62,13 @@ def varied_input(shape, dtype, device, seed=0):
     return x.to(device, dtype)
 
 
-def check(x, block_size, fmt, scale_amax=None):
+def check(x, block_size, fmt, scale_amax=None, e8m0_scale=False, centered=False):
+    """The op's (y, mask) equal the reference's bit for bit (MX scales and centered blocks too)."""
     num_bits, unsigned, narrow, ebits = fmt
-    y, mask = ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, ebits, scale_amax)
-    ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, ebits, scale_amax)
+    y, mask = ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, ebits, scale_amax, True,
+                                          e8m0_scale, centered)
+    ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, ebits, scale_amax,
+                                            e8m0_scale, centered)
     assert_same(y, ey)
     assert mask.dtype == torch.uint8 and mask.shape == ((x.numel() + 7) // 8,)
     assert bits_equal(fakequant.unpack_mask(mask, y), emask)

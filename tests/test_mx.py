@@ -17,7 +17,7 @@ from fakequant import presets
 from fakequant.nn import TensorQuantizer
 from fakequant.ops import fake_quantize_blockwise, fake_quantize_fp8
 from fakequant.tensor_quant import QuantDescriptor
-from test_blockwise import GEOMETRIES, varied_input
+from test_blockwise import GEOMETRIES, check, varied_input
 
 ops = torch.ops.fakequant
 
@@ -42,12 +42,7 @@ def mx(x, fmt, block_size=32):
 
 def check_mx(x, fmt, block_size=32):
     num_bits, ebits, narrow = fmt
-    y, mask = mx(x, fmt, block_size)
-    ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, False, narrow, ebits, None, e8m0_scale=True)
-    assert_same(y, ey)
-    assert mask.dtype == torch.uint8 and mask.shape == ((x.numel() + 7) // 8,)
-    assert bits_equal(fakequant.unpack_mask(mask, y), emask)
-    return y, mask
+    return check(x, block_size, (num_bits, False, narrow, ebits), e8m0_scale=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

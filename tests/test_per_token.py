@@ -76,7 +76,7 @@ def test_presets_convert_and_run(name):
 
 import reference as ref  # noqa: E402
 from conftest import DTYPES, bits_equal  # noqa: E402
-from test_blockwise import GEOMETRIES, varied_input  # noqa: E402
+from test_blockwise import GEOMETRIES, check, varied_input  # noqa: E402
 
 ops = torch.ops.fakequant
 ASYM = {"type": "dynamic", "block_sizes": {-1: None}, "bias": {-1: None, "type": "dynamic", "method": "max_min"}}
@@ -88,11 +88,7 @@ CENTERED_FORMATS = {"int8": (8, False, False, 0, False), "int4": (4, False, True
 
 def centered(x, block_size, fmt):
     num_bits, unsigned, narrow, ebits, e8m0 = fmt
-    y, mask = ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, ebits, None, True, e8m0, True)
-    ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, ebits, None, e8m0, True)
-    assert_same(y, ey)
-    assert bits_equal(fakequant.unpack_mask(mask, y), emask)
-    return y
+    return check(x, block_size, (num_bits, unsigned, narrow, ebits), e8m0_scale=e8m0, centered=True)[0]
 
 
 @pytest.mark.parametrize("device", DEVICES)
