@@ -112,6 +112,15 @@ def test_centered_special_rows(device):
         y = centered(x, 16, fmt)
         assert bits_equal(y[0], x[0])  # a constant row is its own centre
         assert y[4].isnan().all() and y[5].isnan().all()
+    # infinities at one end or both, with one and two scale levels (hypothesis found the
+    # first: -inf with a large finite max gives the centre -inf and the amax NaN)
+    inf = float("inf")
+    ends = torch.tensor([[-inf, -8.0e-8, 6.0e4], [inf, 1.0, -2.0], [-inf, 0.5, inf], [inf, inf, 3.0]]).to(device)
+    for fmt in CENTERED_FORMATS.values():
+        num_bits, unsigned, narrow, ebits, e8m0 = fmt
+        for sa in [None] if e8m0 else [None, torch.tensor(1.0, device=device)]:
+            y = check(ends, 3, (num_bits, unsigned, narrow, ebits), sa, e8m0, True)[0]
+            assert y.isnan().all()
     # by hand: [1 .. 10] int8 (narrow): centre 5.5, amax 4.5, scale 4.5 / 127
     y = fakequant.fake_quantize_blockwise(x[3:4], 16, 8, centered=True)
     s = torch.tensor(4.5) / 127

@@ -523,7 +523,8 @@ C10_HOST_DEVICE inline Centered centered_block(uint32_t max_key, uint32_t neg_ma
   const float mx = from_order_key(max_key), mn = -from_order_key(neg_max_key);
   const float b = add_rn(mul_rn(mx, 0.5f), mul_rn(mn, 0.5f));
   const float hi = sub_rn(mx, b), lo = sub_rn(b, mn);
-  return Centered{b, hi < lo ? lo : hi};  // NaN in: b and amax NaN
+  // NaN in, or +-inf at both ends (b = -inf: b - mn = -inf - -inf): the amax is NaN.
+  return Centered{b, (hi < lo) | (lo != lo) ? lo : hi};
 }
 
 // An element of a degenerate block: +0, NaN staying NaN; the mask marks numbers.
