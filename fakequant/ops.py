@@ -42,6 +42,7 @@ from ._core import (
     check_tensor,
     warn_if_translations_missing,
 )
+from . import _composite
 
 __all__ = [
     "fake_quantize_affine",
@@ -249,6 +250,9 @@ def _affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask):
         quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
     if not (isinstance(scale, torch.Tensor) and isinstance(zero_point, torch.Tensor)):
         scale, zero_point = _SCALE_ZERO_POINT(input, scale, zero_point)
+    if pack_mask and _composite.active():  # the callers with pack_mask=True take the output only
+        _check_meta(input, scale=scale, zero_point=zero_point)
+        return _composite.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max), None
     return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask)
 
 
@@ -452,6 +456,9 @@ def fake_quantize_amax(
         if return_mask:
             raise ValueError("fakequant: return_mask=True has no mask to return with pass_through=True")
         return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range, check_values)
+    if not return_mask and _composite.active():
+        _check_meta(input, amax=amax)
+        return _composite.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
     return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values), return_mask)
 
 
@@ -492,6 +499,9 @@ def fake_quantize_min_max(
     input = check_tensor(input, "input")
     min_range, max_range = _MIN_MAX(input, min_range, max_range)
     num_bits = check_integer_num_bits(num_bits)
+    if not return_mask and _composite.active():
+        _check_meta(input, min_range=min_range, max_range=max_range)
+        return _composite.fake_quantize_min_max(input, min_range, max_range, num_bits)
     return _first(_ops.fake_quantize_min_max(input, min_range, max_range, num_bits), return_mask)
 
 
@@ -537,6 +547,10 @@ def fake_quantize_fp8(
     (amax,) = _AMAX(input, amax)
     exponent_bits, mantissa_bits = check_fp8_format(exponent_bits, mantissa_bits)
     check_values = check_bool(check_values, "check_values")
+    if not return_mask and _composite.active():
+        _check_meta(input, amax=amax)
+        check_fp8_format(exponent_bits, mantissa_bits)
+        return _composite.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values)
     return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values), return_mask)
 
 
@@ -670,8 +684,14 @@ def fake_quantize_blockwise(
     axis %= nd
     moved = input.dim() > 1 and axis != input.dim() - 1
     x = input.movedim(axis, -1) if moved else input
-    y = _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
-                                     check_values, e8m0_scale, centered)[0]
+    if _composite.active():
+        _check_meta(x, **({} if scale_amax is None else {"scale_amax": scale_amax}))
+        _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
+        y = _composite.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
+                                               scale_amax, check_values, e8m0_scale, centered)
+    else:
+        y = _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
+                                         check_values, e8m0_scale, centered)[0]
     return y.movedim(-1, axis) if moved else y
 
 

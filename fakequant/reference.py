@@ -256,10 +256,12 @@ def mx_emax(num_bits, exponent_bits):
 def e8m0_scale_of(amax, emax):
     """2^(floor(log2(amax)) - emax), the exponent clamped to [-127, 127], as float32; NaN where
     amax is NaN or infinite (OCP microscaling v1.0, section 6.3)."""
-    a = amax.double()
+    a = amax.float()
     _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1): floor(log2 a) = e - 1
-    k = torch.where(a > 0, e - 1, torch.full_like(e, -1000)) - emax
-    s = torch.ldexp(torch.ones_like(a), k.clamp(-127, 127)).float()
+    # The exponent as a float (exact), frexp of float32: int32 arithmetic beside float64
+    # hits an Inductor CPU code generation error (tests/test_compiled.py).
+    k = (torch.where(a > 0, e.float(), torch.full_like(a, -1000.0)) - (1 + emax)).clamp(-127, 127)
+    s = torch.ldexp(torch.ones_like(a, dtype=torch.float64), k.double()).float()  # 2^-127: exact
     return torch.where(a.isfinite(), s, torch.full_like(s, float("nan")))
 
 

@@ -25,17 +25,12 @@ def check_tensor(value, name: str):
 
 
 def _tensor_type():
-    # torch is imported at the first check, not with this module (fakequant._core
-    # imports without torch).
-    global _TENSOR
-    if _TENSOR is None:
-        import torch
+    # torch is imported here, not with this module (fakequant._core imports without
+    # torch); no global is cached, since a global set after a first torch.compile trace
+    # would fail that trace's guard and recompile it.
+    import torch
 
-        _TENSOR = torch.Tensor
-    return _TENSOR
-
-
-_TENSOR = None
+    return torch.Tensor
 
 
 def check_int(value, name: str, optional: bool = False):

@@ -1,0 +1,363 @@
+"""One QAT training step (forward, backward, SGD) eager and under torch.compile
+(Inductor, CPU), for two models:
+
+- resnet: the ResNet-18-shaped model of bench_qat_step.py (batch 16, 3x64x64);
+  fakequant.quantize_model's default recipe (8-bit inputs per tensor, weights per
+  channel, max calibration);
+- llama: a small Llama-style decoder from transformers (4 layers, hidden 256,
+  batch 4 x 128 tokens, causal LM loss); the W8A8 preset (int8 weights per
+  channel, int8 activations per token, dynamic).
+
+Configurations: float; fakequant eager; fakequant compiled with each compiled path
+(fakequant._composite: "composite", the plain-PyTorch rules Inductor fuses, the
+default; "opaque", the C++ operators); a plain-PyTorch fake quantization with the
+same rule (round with a straight-through estimator, clamp: torchao's way of writing
+it) eager and compiled; torchao's QAT (QATConfig with IntxFakeQuantizeConfig: int8
+per-token activations, asymmetric as torchao supports them, int8 per-channel
+weights) eager and compiled, for the llama model only (torchao's QAT converts
+nn.Linear, not convolutions).
+
+- Step time: the median over rounds, every configuration stepped in turn each round.
+- Compile time: the first two steps of a compiled configuration less two steps.
+- Graph breaks: torch._dynamo.explain on the forward.
+- Peak memory: the peak resident set size over two steps less the size before them,
+  after glibc's malloc_trim has returned freed memory (VmHWM reset through
+  /proc/self/clear_refs): what the step allocates at its peak, roughly.
+- Saved for backward: the bytes autograd keeps for backward (saved_tensors_hooks;
+  under torch.compile, what the compiled graph's partitioner chose to save).
+
+    python benchmarks/bench_compiled_qat.py [--models resnet,llama] [--rounds 7] [--json PATH]
+
+Inductor's caches are turned off, so that compile times are those of a first run.
+"""
+import os
+
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # before torch reads its config
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import fakequant  # noqa: E402
+from fakequant import _composite  # noqa: E402
+from fakequant import ops as fq_ops  # noqa: E402
+
+torch._dynamo.config.cache_size_limit = 64  # every configuration has its own compiled graphs
+
+MODELS = ("resnet", "llama")
+
+
+# --- plain-PyTorch fake quantization with fakequant's rule --------------------------------
+
+
+class _RoundSTE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _plain(x, amax, bound, qmin):
+    """clamp(round_ste(x / s), qmin, bound) * s with s = amax / bound: the gradient passes
+    where round(x / s) is inside the range (clamp's backward), as fakequant's mask."""
+    s = amax.float() / bound
+    return (torch.clamp(_RoundSTE.apply(x / s), qmin, bound) * s).to(x.dtype)
+
+
+def plain_fake_quantize_amax(input, amax, num_bits=8, unsigned=False, narrow_range=True, pass_through=False, *,
+                             return_mask=False, check_values=True):
+    bound = 2 ** (num_bits - 1 + int(unsigned)) - 1
+    qmin = 0 if unsigned else (-bound if narrow_range else -bound - 1)
+    return _plain(input, torch.as_tensor(amax, device=input.device), bound, qmin)
+
+
+def plain_fake_quantize_blockwise(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0,
+                                  scale_amax=None, check_values=True, e8m0_scale=False, centered=False, axis=-1):
+    """Per-token (one block per row) integers, the W8A8 preset's activations."""
+    assert block_size == input.shape[-1] and exponent_bits == 0 and not centered and axis in (-1, input.dim() - 1)
+    bound = 2 ** (num_bits - 1 + int(unsigned)) - 1
+    qmin = 0 if unsigned else (-bound if narrow_range else -bound - 1)
+    return _plain(input, input.detach().abs().amax(-1, keepdim=True), bound, qmin)
+
+
+@contextlib.contextmanager
+def _plain_ops():
+    saved = fq_ops.fake_quantize_amax, fq_ops.fake_quantize_blockwise
+    fq_ops.fake_quantize_amax, fq_ops.fake_quantize_blockwise = plain_fake_quantize_amax, plain_fake_quantize_blockwise
+    try:
+        yield
+    finally:
+        fq_ops.fake_quantize_amax, fq_ops.fake_quantize_blockwise = saved
+
+
+@contextlib.contextmanager
+def _path(path):
+    saved = _composite.compiled_path()
+    _composite.set_compiled_path(path)
+    try:
+        yield
+    finally:
+        _composite.set_compiled_path(saved)
+
+
+# --- models ---------------------------------------------------------------------------
+
+
+def resnet_model_and_data(batch=16):
+    from bench_qat_step import ResNet18
+
+    torch.manual_seed(0)
+    data = (torch.randn(batch, 3, 64, 64), torch.randint(0, 100, (batch,)))
+    return ResNet18(), data, lambda model, d: nn.functional.cross_entropy(model(d[0]), d[1])
+
+
+def llama_model_and_data(batch=4, tokens=128):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=tokens)
+    config._attn_implementation = "sdpa"
+    ids = torch.randint(0, config.vocab_size, (batch, tokens))
+    return LlamaForCausalLM(config), (ids,), lambda model, d: model(input_ids=d[0], labels=d[0]).loss
+
+
+def build(model_name, quant):
+    """(model, data, loss_fn) with the quantization `quant`: None, "fakequant" or "torchao"."""
+    model, data, loss_fn = (resnet_model_and_data if model_name == "resnet" else llama_model_and_data)()
+    if quant == "fakequant":
+        if model_name == "resnet":
+            fakequant.quantize_model(model)
+            fakequant.calibrate(model, [data[0]], num_batches=1, progress=False)
+        else:
+            fakequant.quantize_model(model, preset="W8A8")
+    elif quant == "torchao":
+        from torchao.quantization import quantize_
+        from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
+
+        config = QATConfig(activation_config=IntxFakeQuantizeConfig(torch.int8, "per_token", is_symmetric=False),
+                           weight_config=IntxFakeQuantizeConfig(torch.int8, "per_channel"), step="prepare")
+        quantize_(model, config, filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
+    model.train()
+    return model, data, loss_fn
+
+
+# configuration: (quantization, compiled, context)
+CONFIGS = {
+    "float eager": (None, False, contextlib.nullcontext),
+    "float compiled": (None, True, contextlib.nullcontext),
+    "fakequant eager": ("fakequant", False, contextlib.nullcontext),
+    "fakequant compiled": ("fakequant", True, lambda: _path("composite")),
+    "fakequant compiled (opaque ops)": ("fakequant", True, lambda: _path("opaque")),
+    "plain PyTorch eager": ("fakequant", False, _plain_ops),
+    "plain PyTorch compiled": ("fakequant", True, _plain_ops),
+    "torchao QAT eager": ("torchao", False, contextlib.nullcontext),
+    "torchao QAT compiled": ("torchao", True, contextlib.nullcontext),
+}
+
+
+def _backend(name):
+    """Inductor under a name of its own: each configuration compiles its own graphs (Dynamo
+    keeps a cache entry per backend), so that configurations interleave without recompiling."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs)
+
+    backend.__name__ = "inductor_" + "".join(c if c.isalnum() else "_" for c in name)
+    return backend
+
+
+class Run:
+    def __init__(self, model_name, name):
+        quant, self.compiled, self.context = CONFIGS[name]
+        self.name = name
+        self.model, self.data, self.loss_fn = build(model_name, quant)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-4, momentum=0.9)
+        self.call = torch.compile(self.model, backend=_backend(name)) if self.compiled else self.model
+
+    def step(self):
+        with self.context():
+            loss = self.loss_fn(self.call, self.data)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        return loss
+
+
+def _status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def peak_step_mb(run):
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        return None
+    before = _status_kb("VmRSS")
+    if not _reset_peak():
+        return None
+    run.step()
+    run.step()
+    return (_status_kb("VmHWM") - before) / 1024
+
+
+def saved_mb(run):
+    seen, total = set(), [0]
+
+    def pack(t):
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key not in seen:
+            seen.add(key)
+            total[0] += key[1]
+        return t
+
+    with run.context():
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = run.loss_fn(run.call, run.data)
+        loss.backward()
+    run.opt.zero_grad()
+    return total[0] / 2**20
+
+
+def graph_breaks(run):
+    if not run.compiled:
+        return None
+    torch._dynamo.config.cache_size_limit = 64
+    with run.context():
+        explanation = torch._dynamo.explain(run.model)(*run.data) if isinstance(run.data[0], torch.Tensor) and \
+            run.data[0].is_floating_point() else torch._dynamo.explain(run.model)(input_ids=run.data[0])
+    return explanation.graph_break_count
+
+
+def measure(model_name, configs, rounds, progress=None):
+    runs, rows = {}, {}
+    for name in configs:
+        t0 = time.perf_counter()
+        try:
+            run = Run(model_name, name)
+            run.step()
+            run.step()
+        except Exception as e:  # a peer that does not run here: reported, not fatal
+            rows[name] = dict(config=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            if progress is not None:
+                progress.update(1)
+            continue
+        runs[name] = run
+        rows[name] = dict(config=name, first_two_steps_s=time.perf_counter() - t0)
+        if progress is not None:
+            progress.update(1)
+    samples = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run.step()
+            samples[name].append(time.perf_counter() - t0)
+        if progress is not None:
+            progress.update(1)
+    for name, run in runs.items():
+        step = statistics.median(samples[name])
+        row = rows[name]
+        row["step_ms"] = step * 1e3
+        row["step_ms_quartiles"] = [q * 1e3 for q in statistics.quantiles(samples[name], n=4)] if rounds > 1 else None
+        row["compile_s"] = max(row["first_two_steps_s"] - 2 * step, 0.0) if run.compiled else None
+        row["peak_step_mb"] = peak_step_mb(run)
+        row["saved_mb"] = saved_mb(run)
+        row["graph_breaks"] = graph_breaks(run)
+    base = {False: rows.get("float eager", {}).get("step_ms"), True: rows.get("float compiled", {}).get("step_ms")}
+    for name, row in rows.items():
+        if "step_ms" in row:
+            ref = base[CONFIGS[name][1]]
+            row["vs_float_same_mode"] = row["step_ms"] / ref if ref else None
+            row["vs_float_eager"] = row["step_ms"] / base[False] if base[False] else None
+    return [rows[n] for n in configs]
+
+
+def configs_for(model_name):
+    return [c for c in CONFIGS if not (model_name == "resnet" and c.startswith("torchao"))]
+
+
+def run(models, rounds, progress=True):
+    from tqdm import tqdm
+
+    result = {"rounds": rounds, "threads": torch.get_num_threads(), "torch": torch.__version__, "models": {}}
+    total = sum(len(configs_for(m)) + rounds for m in models)
+    with tqdm(total=total, desc="compiled QAT step", disable=not progress or None, leave=False) as bar:
+        for m in models:
+            torch._dynamo.reset()
+            result["models"][m] = measure(m, configs_for(m), rounds, bar)
+    return result
+
+
+def _fmt(v, spec):
+    return "" if v is None else format(v, spec)
+
+
+def format_tables(result):
+    lines = []
+    for model, rows in result["models"].items():
+        lines += [f"**{model}**", "",
+                  "| configuration | step (ms) | x float (same mode) | x float eager | compile (s) | graph breaks "
+                  "| peak step memory (MB) | saved for backward (MB) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {r['config']} | did not run: {r['error']} | | | | | | |")
+                continue
+            lines.append(f"| {r['config']} | {r['step_ms']:.1f} | {_fmt(r['vs_float_same_mode'], '.3f')} | "
+                         f"{_fmt(r['vs_float_eager'], '.3f')} | {_fmt(r['compile_s'], '.1f')} | "
+                         f"{_fmt(r['graph_breaks'], 'd')} | {_fmt(r['peak_step_mb'], '.0f')} | {r['saved_mb']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {MODELS}")
+    result = run(models, args.rounds, not args.no_progress)
+    print(f"One SGD step, median of {args.rounds} rounds, configurations interleaved; {result['threads']} threads; "
+          f"torch {result['torch']}; Inductor (CPU) for the compiled rows")
+    print(format_tables(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
