@@ -9,8 +9,8 @@
   channel, int8 activations per token, dynamic).
 
 Configurations: float; fakequant eager; fakequant compiled with each compiled path
-(fakequant._composite: "composite", the plain-PyTorch rules Inductor fuses, the
-default; "opaque", the C++ operators); a plain-PyTorch fake quantization with the
+(fakequant.set_compiled_path: "opaque", the C++ operators called from the graph, the
+default; "composite", the plain-PyTorch rules Inductor fuses); a plain-PyTorch fake quantization with the
 same rule (round with a straight-through estimator, clamp: torchao's way of writing
 it) eager and compiled; torchao's QAT (QATConfig with IntxFakeQuantizeConfig: int8
 per-token activations, asymmetric as torchao supports them, int8 per-channel
@@ -158,8 +158,8 @@ CONFIGS = {
     "float eager": (None, False, contextlib.nullcontext),
     "float compiled": (None, True, contextlib.nullcontext),
     "fakequant eager": ("fakequant", False, contextlib.nullcontext),
-    "fakequant compiled": ("fakequant", True, lambda: _path("composite")),
-    "fakequant compiled (opaque ops)": ("fakequant", True, lambda: _path("opaque")),
+    "fakequant compiled": ("fakequant", True, lambda: _path("opaque")),
+    "fakequant compiled (composite)": ("fakequant", True, lambda: _path("composite")),
     "plain PyTorch eager": ("fakequant", False, _plain_ops),
     "plain PyTorch compiled": ("fakequant", True, _plain_ops),
     "torchao QAT eager": ("torchao", False, contextlib.nullcontext),
@@ -251,10 +251,11 @@ def saved_mb(run):
 def graph_breaks(run):
     if not run.compiled:
         return None
-    torch._dynamo.config.cache_size_limit = 64
     with run.context():
-        explanation = torch._dynamo.explain(run.model)(*run.data) if isinstance(run.data[0], torch.Tensor) and \
-            run.data[0].is_floating_point() else torch._dynamo.explain(run.model)(input_ids=run.data[0])
+        if run.data[0].is_floating_point():  # resnet: images
+            explanation = torch._dynamo.explain(run.model)(run.data[0])
+        else:  # llama: token ids
+            explanation = torch._dynamo.explain(run.model)(input_ids=run.data[0], labels=run.data[0])
     return explanation.graph_break_count
 
 

@@ -13,6 +13,8 @@ Stages, each in a fresh process (benchmarks/*.py):
 2. ops-thp:  2^24 float32 again with THP_MEM_ALLOC_ENABLE=1 (2 MiB pages);
 3. overhead: microseconds per call at 2^10..2^14;
 4. qat:      a ResNet-18 training step: float, fakequant, torch.ao;
+4b. compiled: a QAT step eager and under torch.compile (Inductor), ResNet-18 and a
+             small Llama: float, fakequant (both compiled paths), plain PyTorch, torchao;
 5. calib:    histogram collection and compute_amax at 2048 bins;
 6. cuda, cuda-overhead: the ops and overhead stages on the GPU with CUDA events,
              when torch sees one (--device auto).
@@ -40,6 +42,9 @@ BLOCKWISE_OPS = ("block-wise int8 b32", "block-wise int8 b128", "block-wise NVFP
                  "block-wise MXFP4 b32", "block-wise MXINT8 b32", "per-token int8", "per-token fp8")
 BLOCKWISE_TARGET = 1.3
 HEADLINE = 1 << 24
+# torch.compile'd QAT step (issue 17): within 1.05x of the compiled float step, faster than every
+# compiled alternative; eager within 1.10x of the eager float step.
+COMPILED_TARGET, EAGER_TARGET = 1.05, 1.10
 
 
 def stages(args, py):
@@ -55,6 +60,9 @@ def stages(args, py):
         ("overhead", [py, ops, "--overhead", "--json", out("overhead.json")] + common),
         ("qat", [py, os.path.join(HERE, "bench_qat_step.py"), "--rounds", "1" if quick else "5",
                  "--json", out("qat_step.json")]),
+        ("compiled", [py, os.path.join(HERE, "bench_compiled_qat.py"), "--rounds", "1" if quick else "9",
+                      "--no-progress", "--json", out("compiled_qat.json")]
+         + (["--models", "resnet"] if quick else [])),
         ("calib", [py, os.path.join(HERE, "bench_calib.py"), "--device", "cpu", "--repeat", "3" if quick else "10",
                    "--baseline", "--json", out("calib.json")]),
         ("fused", [py, os.path.join(HERE, "bench_fused.py"), "--sizes", "2^16" if quick else "2^20,2^24",
@@ -240,6 +248,27 @@ def targets(results):
             if name in alone:
                 rows.append((f"at most {BITS_TARGET:g} bit per element saved by fake quantization", name,
                              f"{alone[name]:g}", alone[name] <= BITS_TARGET + 1e-9))
+    compiled = results.get("compiled_qat")
+    if compiled:
+        for model, steps in compiled["models"].items():
+            by = {r["config"]: r for r in steps if "step_ms" in r}
+            fq, fqe = by.get("fakequant compiled"), by.get("fakequant eager")
+            if fq and fq.get("vs_float_same_mode"):
+                rows.append((f"compiled QAT step within {COMPILED_TARGET}x of the compiled float step", model,
+                             _ratio(fq["vs_float_same_mode"], COMPILED_TARGET),
+                             fq["vs_float_same_mode"] <= COMPILED_TARGET))
+                others = {n: r["step_ms"] for n, r in by.items()
+                          if n.endswith("compiled") and n not in ("float compiled", "fakequant compiled")}
+                if others:
+                    best = min(others, key=others.get)
+                    rows.append(("compiled QAT step faster than every compiled alternative",
+                                 f"{model}; the fastest other: {best}", f"{fq['step_ms'] / others[best]:.3f}x its time",
+                                 fq["step_ms"] < others[best]))
+                rows.append(("no graph break under torch.compile", model, str(fq["graph_breaks"]),
+                             fq["graph_breaks"] == 0))
+            if fqe and fqe.get("vs_float_same_mode"):
+                rows.append((f"eager QAT step within {EAGER_TARGET}x of the eager float step", model,
+                             _ratio(fqe["vs_float_same_mode"], EAGER_TARGET), fqe["vs_float_same_mode"] <= EAGER_TARGET))
     ov = results.get("overhead")
     if ov:
         from bench_ops import per_call_worst
@@ -441,6 +470,34 @@ def plot_qat(data, path):
     return True
 
 
+def plot_compiled(data, path):
+    plt = _plt()
+    models = list(data["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rows = [r for r in data["models"][model] if "step_ms" in r]
+        names = [r["config"] for r in rows]
+        vals = [r["step_ms"] for r in rows]
+        colors = ["#777777" if n.startswith("float") else "#1f77b4" if n.startswith("fakequant")
+                  else "#ff7f0e" if n.startswith("plain") else "#2ca02c" for n in names]
+        hatches = ["//" if n.endswith("compiled") or "compiled (" in n else "" for n in names]
+        bars = ax.barh(range(len(rows)), vals, color=colors)
+        for b, h, v in zip(bars, hatches, vals):
+            b.set_hatch(h)
+            ax.text(v, b.get_y() + b.get_height() / 2, f" {v:.0f}", va="center", fontsize=8)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels(names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("step time (ms), median; hatched: torch.compile (Inductor)")
+        ax.set_title(model, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("One QAT training step, eager and compiled (lower is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 # --- the report ----------------------------------------------------------------
 
 
@@ -462,6 +519,9 @@ def write_report(args, results, meta):
         plots["overhead"] = plot_overhead(results["overhead"], os.path.join(out, "overhead.png")) and "overhead.png"
     if results.get("qat_step"):
         plots["qat"] = plot_qat(results["qat_step"], os.path.join(out, "qat_step.png")) and "qat_step.png"
+    if results.get("compiled_qat"):
+        plots["compiled"] = (plot_compiled(results["compiled_qat"], os.path.join(out, "compiled_qat.png"))
+                             and "compiled_qat.png")
     cuda = results.get("ops_cuda")
     if cuda:
         dev = cuda["rows"][0]["device"] if cuda["rows"] else "cuda"
@@ -547,6 +607,16 @@ def write_report(args, results, meta):
               "while a fake-quant module runs, over the elements those modules quantize.", ""]
         L += [f"- **{k}**: {v}" for k, v in qat["descriptions"].items()]
         L += ["", bench_qat_step.format_tables(qat), ""]
+
+    compiled = results.get("compiled_qat")
+    if compiled:
+        import bench_compiled_qat
+
+        L += ["## QAT step under torch.compile", ""]
+        if plots.get("compiled"):
+            L += [f"![compiled QAT step]({plots['compiled']})", ""]
+        L += [bench_compiled_qat.__doc__.split("    python")[0].strip(), "",
+              bench_compiled_qat.format_tables(compiled), ""]
 
     fused = results.get("fused")
     if fused:
@@ -657,7 +727,8 @@ def main():
     else:
         meta = previous or dict(meta, load_end=None, total_s=0.0)
     results = {name: _load(args.out, f"{name}.json")
-               for name in ("ops", "ops_thp", "overhead", "qat_step", "calib", "fused", "ops_cuda", "overhead_cuda")}
+               for name in ("ops", "ops_thp", "overhead", "qat_step", "compiled_qat", "calib", "fused", "ops_cuda",
+                            "overhead_cuda")}
     path = write_report(args, results, meta)
     print(f"\nwrote {os.path.relpath(path, ROOT)} and the plots beside it "
           f"({(time.perf_counter() - start) / 60:.1f} minutes)")

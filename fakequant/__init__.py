@@ -8,6 +8,7 @@ pytorch-quantization-shaped API in :mod:`fakequant.tensor_quant`,
 from ._version import __version__
 
 from ._extension import BUILT_FOR_CUDA, BUILT_FOR_TORCH, CUDA_ARCH_LIST
+from ._composite import compiled_path, set_compiled_path
 from .ops import (
     amax_bound,
     fake_quant,

@@ -136,6 +136,8 @@ def test_compiled_value_checks_raise():
         f(torch.randn(8), torch.tensor(-1.0))
 
 
-def test_set_compiled_path_rejects_unknown():
+def test_set_compiled_path_is_public_and_checked():
+    assert fakequant.set_compiled_path is _composite.set_compiled_path
+    assert fakequant.compiled_path() == "opaque"  # the default (benchmarks/bench_compiled_qat.py)
     with pytest.raises(ValueError, match="path"):
-        _composite.set_compiled_path("fused")
+        fakequant.set_compiled_path("fused")
