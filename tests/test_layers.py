@@ -21,6 +21,7 @@ LAYERS = [
     ("the version, the compiled libraries and their loader", {"_version", "_build", "_C", "_extension"}),
     ("plain-PyTorch reference for tests", {"reference"}),
     ("constants, validation, switches", {"_core"}),
+    ("the operators' rules as composites under torch.compile", {"_composite"}),
     ("operators: the only user of torch.ops.fakequant", {"ops"}),
     ("descriptors, functions and named recipes", {"tensor_quant", "presets"}),
     ("calibration statistics", {"calib"}),
