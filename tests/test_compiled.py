@@ -129,11 +129,19 @@ def test_composite_runs_only_under_compile():
     assert "fakequant.fake_quantize_amax" in graph
 
 
-def test_compiled_value_checks_raise():
+@pytest.mark.parametrize("path", _composite.PATHS)
+def test_compiled_value_checks_raise(path):
+    """A bad amax raises in compiled code too: the operator's ValueError (opaque), or the
+    same message as a RuntimeError from torch._assert_async when the step runs (composite)."""
     torch._dynamo.reset()
-    f = torch.compile(lambda x, a: fakequant.fake_quantize_amax(x, a), fullgraph=True)
-    with pytest.raises(RuntimeError, match="amax must be finite and >= 0"):
-        f(torch.randn(8), torch.tensor(-1.0))
+    previous = _composite.compiled_path()
+    _composite.set_compiled_path(path)
+    try:
+        f = torch.compile(lambda x, a: fakequant.fake_quantize_amax(x, a), fullgraph=True)
+        with pytest.raises(ValueError if path == "opaque" else RuntimeError, match="amax must be finite and >= 0"):
+            f(torch.randn(8), torch.tensor(-1.0))
+    finally:
+        _composite.set_compiled_path(previous)
 
 
 def test_set_compiled_path_is_public_and_checked():
