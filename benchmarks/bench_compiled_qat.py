@@ -47,6 +47,7 @@ from torch import nn  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fakequant  # noqa: E402
+from bench_qat_step import ResNet18, _status_mb  # noqa: E402
 from fakequant import _composite  # noqa: E402
 from fakequant import ops as fq_ops  # noqa: E402
 
@@ -115,8 +116,6 @@ def _path(path):
 
 
 def resnet_model_and_data(batch=16):
-    from bench_qat_step import ResNet18
-
     torch.manual_seed(0)
     data = (torch.randn(batch, 3, 64, 64), torch.randint(0, 100, (batch,)))
     return ResNet18(), data, lambda model, d: nn.functional.cross_entropy(model(d[0]), d[1])
@@ -196,14 +195,6 @@ class Run:
         return loss
 
 
-def _status_kb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _reset_peak():
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -222,12 +213,12 @@ def peak_step_mb(run):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         return None
-    before = _status_kb("VmRSS")
+    before = _status_mb("VmRSS")
     if not _reset_peak():
         return None
     run.step()
     run.step()
-    return (_status_kb("VmHWM") - before) / 1024
+    return _status_mb("VmHWM") - before
 
 
 def saved_mb(run):

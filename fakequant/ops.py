@@ -549,7 +549,6 @@ def fake_quantize_fp8(
     check_values = check_bool(check_values, "check_values")
     if not return_mask and _composite.active():
         _check_meta(input, amax=amax)
-        check_fp8_format(exponent_bits, mantissa_bits)
         return _composite.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values)
     return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values), return_mask)
 
