@@ -22,7 +22,7 @@ $(DEPS):
 	touch $@
 
 $(VENV)/.built: $(DEPS) $(SOURCES)
-	MAX_JOBS=$(MAX_JOBS) $(PIP) install -q --no-build-isolation -e ".[test,demo]"
+	MAX_JOBS=$(MAX_JOBS) $(PIP) install -q --no-build-isolation -e ".[test,demo,docs,typecheck,dist]"
 	touch $@
 
 build: $(VENV)/.built
@@ -53,8 +53,25 @@ demo-llm: build $(VENV)/.llm
 bench: build
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
+# `make dist`: the source distribution and, built from it alone (python -m build builds the
+# wheel from the unpacked sdist), a wheel for the torch in $(VENV), into $(DIST)/; then their
+# contents are checked (tools/check_dist.py). `make install-check`: that wheel installed into
+# a fresh virtualenv and tested there, and imported into another torch (tools/install_check.py).
+DIST ?= dist
+.PHONY: dist install-check
+dist: build
+	rm -rf $(DIST)
+	@mkdir -p build
+	MAX_JOBS=$(MAX_JOBS) $(PY) -m build --no-isolation --outdir $(DIST) . > build/dist.log 2>&1 \
+	  || { tail -n 40 build/dist.log; exit 1; }
+	@grep "^Successfully" build/dist.log
+	$(PY) tools/check_dist.py $(DIST)
+
+install-check: dist
+	PY=$(PY) DIST=$(DIST) TORCH="$(TORCH)" TORCH2="$(TORCH2)" $(PY) tools/install_check.py
+
 clean:
-	rm -rf build *.egg-info fakequant/_C*.so fakequant/_build*.so $(VENV)
+	rm -rf build $(DIST) *.egg-info fakequant/_C*.so fakequant/_build*.so $(VENV)
 
 # `make cuda-build` compiles and links the CUDA kernels, no GPU needed, so that
 # a CUDA compile or link error fails CI: its own virtualenv with the CUDA build

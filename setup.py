@@ -228,21 +228,49 @@ def build_info_extension():
                      extra_compile_args={"cxx": ["-O2"]})
 
 
+# What a source distribution requires: any torch the library builds with. A
+# wheel, built for one torch, pins that release instead (requirements()).
+MIN_TORCH = "torch>=2.4"
+RUNTIME_REQUIREMENTS = ["tqdm>=4.60", "pyyaml>=5.4", "numpy"]
+
+
+def building_sdist(argv=None):
+    """True when this run makes a source distribution (`python -m build
+    --sdist`, `setup.py sdist`): its version and requirements name no torch."""
+    return "sdist" in (sys.argv[1:] if argv is None else argv)
+
+
+def local_label(torch_version=None, with_cuda=None):
+    """The wheel's local version label: the torch it was built against and
+    whether its CUDA kernels are in, e.g. 'torch2.13.0cpu' (torch
+    2.13.0+cpu), 'torch2.14.1cu130' (torch 2.14.1+cu130 with the CUDA
+    kernels), 'torch2.14.1cu130.cpuonly' (the same torch, FAKEQUANT_CPU_ONLY=1)."""
+    torch_version = torch.__version__ if torch_version is None else torch_version
+    with_cuda = WITH_CUDA if with_cuda is None else with_cuda
+    release, _, variant = torch_version.partition("+")
+    variant = re.sub(r"[^a-z0-9]", "", variant.lower()) or "cpu"
+    label = f"torch{release}{variant}"
+    return label if with_cuda or variant == "cpu" else label + ".cpuonly"
+
+
 def requirements():
     """The binary loads only into the torch release it was built against: pin
     it (the public version; `import fakequant` also checks the local label,
     +cpu or +cu128). numpy: QuantDescriptor.amax is an ndarray, as in
     pytorch-quantization."""
     release = torch.__version__.split("+")[0]
-    return [f"torch=={release}", "tqdm>=4.60", "pyyaml>=5.4", "numpy"]
+    return [f"torch=={release}", *RUNTIME_REQUIREMENTS]
 
 
 if __name__ == "__main__":
     os.makedirs(build_dir(), exist_ok=True)
+    sdist = building_sdist()
     setup(
-        version=VERSION,
-        install_requires=requirements(),
+        # A wheel's version names its torch (0.2.0+torch2.13.0cpu); the sdist's does not.
+        version=VERSION if sdist else f"{VERSION}+{local_label()}",
+        install_requires=[MIN_TORCH, *RUNTIME_REQUIREMENTS] if sdist else requirements(),
         packages=find_packages(include=["fakequant", "fakequant.*"]),
+        package_data={"fakequant": ["py.typed"]},
         ext_modules=[build_info_extension(), extension()],
         cmdclass={"build_ext": BuildExtensionWithInfo},
         # An explicit --build-lib/--build-temp (make cuda-build, tools/sanitize.sh) overrides these.

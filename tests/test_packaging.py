@@ -96,6 +96,7 @@ def test_one_version_string(setup_py):
 def test_wheel_pins_the_torch_release(setup_py):
     release = torch.__version__.split("+")[0]
     assert setup_py.requirements() == [f"torch=={release}", "tqdm>=4.60", "pyyaml>=5.4", "numpy"]
+    assert setup_py.RUNTIME_REQUIREMENTS == ["tqdm>=4.60", "pyyaml>=5.4", "numpy"]
     from importlib.metadata import PackageNotFoundError, requires
 
     try:
@@ -103,6 +104,39 @@ def test_wheel_pins_the_torch_release(setup_py):
     except PackageNotFoundError:  # run from a checkout that was not pip-installed
         pytest.skip("fakequant is not installed")
     assert f"torch=={release}" in declared
+
+
+@pytest.mark.parametrize("torch_version,with_cuda,label", [
+    ("2.13.0+cpu", False, "torch2.13.0cpu"),
+    ("2.13.0", False, "torch2.13.0cpu"),                    # a torch without a local label (macOS, PyPI)
+    ("2.14.1+cu130", True, "torch2.14.1cu130"),
+    ("2.14.1+cu130", False, "torch2.14.1cu130.cpuonly"),    # FAKEQUANT_CPU_ONLY=1 beside a CUDA torch
+    ("2.8.0+rocm6.3", True, "torch2.8.0rocm63"),
+])
+def test_wheel_version_names_its_torch(setup_py, torch_version, with_cuda, label):
+    from packaging.version import Version
+
+    assert setup_py.local_label(torch_version, with_cuda) == label
+    version = Version(f"{setup_py.VERSION}+{label}")  # a valid PEP 440 local version
+    assert version.public == setup_py.VERSION and version.local == label
+
+
+def test_installed_version_carries_the_label(setup_py):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("fakequant")
+    except PackageNotFoundError:
+        pytest.skip("fakequant is not installed")
+    assert installed == f"{fakequant.__version__}+{setup_py.local_label()}"
+
+
+def test_sdist_names_no_torch(setup_py):
+    assert setup_py.building_sdist(["sdist", "--formats", "gztar"])
+    assert not setup_py.building_sdist(["bdist_wheel"]) and not setup_py.building_sdist(["editable_wheel"])
+    assert setup_py.MIN_TORCH == "torch>=2.4"
+    manifest = (ROOT / "MANIFEST.in").read_text()
+    assert "graft csrc" in manifest and "LICENSE" in manifest
 
 
 def test_default_cuda_arch_list(setup_py):
