@@ -68,7 +68,7 @@ dist: build
 	$(PY) tools/check_dist.py $(DIST)
 
 install-check: dist
-	PY=$(PY) DIST=$(DIST) TORCH="$(TORCH)" TORCH2="$(TORCH2)" $(PY) tools/install_check.py
+	PY=$(PY) DIST=$(DIST) TORCH="$(TORCH)" TORCH2="$(TORCH2)" ENV2=$(ENV2) $(PY) tools/install_check.py
 
 clean:
 	rm -rf build $(DIST) *.egg-info fakequant/_C*.so fakequant/_build*.so $(VENV)

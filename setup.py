@@ -3,7 +3,7 @@ kernels when torch has CUDA and a toolkit is present, or FORCE_CUDA=1) and
 fakequant._build (what _C was built for; see fakequant/_extension.py).
 
 Install with `pip install --no-build-isolation .` so the build sees the torch
-you run with. Environment: FAKEQUANT_CPU_ONLY=1, FORCE_CUDA=1,
+you run with. Environment: FAKEQUANT_CPU_ONLY=1, FORCE_CUDA=1, FAKEQUANT_DEBUG_INFO=1,
 TORCH_CUDA_ARCH_LIST (default: DEFAULT_CUDA_ARCHS that the toolkit's nvcc
 supports), MAX_JOBS, CUDA_HOME.
 
@@ -207,6 +207,10 @@ def extension():
     # into vector blends; it changes no result.
     # -ffp-contract=off: the contract rounds once per operation, never fused.
     cxx = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp"]
+    # No debug information unless FAKEQUANT_DEBUG_INFO=1 (make sanitize sets it, for the
+    # reports' line numbers): Python's -g would make it most of the library (and the wheel).
+    if os.environ.get("FAKEQUANT_DEBUG_INFO", "0") != "1":
+        cxx.append("-g0")
     kwargs = dict(include_dirs=include_dirs, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
     if WITH_CUDA:
         sources += _sources("csrc/cuda/**/*.cu") + _sources("csrc/cuda/**/*.cpp")

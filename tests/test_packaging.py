@@ -131,6 +131,12 @@ def test_installed_version_carries_the_label(setup_py):
     assert installed == f"{fakequant.__version__}+{setup_py.local_label()}"
 
 
+def test_changelog_has_this_release():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## (\d+\.\d+\.\d+) \(\d{4}-\d{2}-\d{2}\)$", text, flags=re.M)
+    assert releases and releases[0] == fakequant.__version__, releases  # the newest entry first
+
+
 def test_sdist_names_no_torch(setup_py):
     assert setup_py.building_sdist(["sdist", "--formats", "gztar"])
     assert not setup_py.building_sdist(["bdist_wheel"]) and not setup_py.building_sdist(["editable_wheel"])

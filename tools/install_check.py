@@ -9,12 +9,13 @@
    export, serialization), copied out of the checkout with its conftest.
 3. The same test files run in the editable install of `make build`; every test
    must end the same way in both (passed, skipped, failed), test by test.
-4. A second fresh virtualenv gets another torch ($TORCH2) and the wheel without its
-   dependencies: `import fakequant` must raise the ImportError that names both
+4. A second fresh virtualenv gets another torch (that of $ENV2, else $TORCH2) and the
+   wheel without its dependencies: `import fakequant` must raise the ImportError that names both
    torch versions, and must not load the operator library or crash.
 
 Environment: PY (make build's python), DIST (the folder with the wheel), TORCH
-and TORCH2 (pip requirements), WORK (default build/install-check).
+and TORCH2 (pip requirements), ENV2 (a virtualenv holding another torch, make
+two-envs' .venv-torch2141, used when present), WORK (default build/install-check).
 """
 import os
 import shutil
@@ -43,7 +44,6 @@ def fresh_venv(path):
     shutil.rmtree(path, ignore_errors=True)
     run([sys.executable, "-m", "venv", path])
     python = path / "bin" / "python"
-    run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade", "pip"])
     return python
 
 
@@ -117,11 +117,27 @@ def main():
     if installed_code or editable_code or counts["failed"] or not counts["passed"]:
         sys.exit("install_check: the tests failed")
 
-    # Another torch: the clear ImportError, before the operator library loads.
+    # Another torch: the clear ImportError, before the operator library loads. The torch
+    # comes from $ENV2 (make two-envs' virtualenv) when it has one: a .pth file puts its
+    # site-packages after the fresh environment's own, which holds the wheel (a CUDA torch
+    # installed afresh would cost minutes and gigabytes); otherwise pip installs $TORCH2.
     start = time.perf_counter()
     python2 = fresh_venv(work / "venv-torch2")
-    pip(python2, torch2_req)
+    env2 = ROOT / os.environ.get("ENV2", ".venv-torch2141")
+    if (env2 / "bin" / "python").exists():
+        site2 = subprocess.run([env2 / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        site = subprocess.run([python2, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        Path(site, "other_torch.pth").write_text(site2 + "\n")
+        print(f"torch from {site2}")
+    else:
+        pip(python2, torch2_req)
     pip(python2, "--no-deps", wheel)
+    origin = subprocess.run([python2, "-c", "import importlib.util; print(importlib.util.find_spec('fakequant').origin)"],
+                            cwd=outside, capture_output=True, text=True, check=True).stdout.strip()
+    if not origin.startswith(str(work / "venv-torch2")):
+        sys.exit(f"install_check: the other torch's environment finds fakequant at {origin}, not the wheel")
     probe = ("import sys\ntry:\n    import fakequant\nexcept ImportError as e:\n"
              "    assert 'fakequant._C' not in sys.modules, 'the operator library was loaded'\n"
              "    print(f'ImportError: {e}')\n    sys.exit(3)\nsys.exit('imported without an error')\n")

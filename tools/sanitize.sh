@@ -20,7 +20,7 @@ SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all 
 
 # distutils appends CFLAGS to every compile and LDFLAGS to the link (setup.py's own
 # -O3 etc. stay).
-FAKEQUANT_CPU_ONLY=1 MAX_JOBS=$MAX_JOBS \
+FAKEQUANT_CPU_ONLY=1 FAKEQUANT_DEBUG_INFO=1 MAX_JOBS=$MAX_JOBS \
 CFLAGS="$SAN" LDFLAGS="-fsanitize=address,undefined,float-cast-overflow" \
     "$PY" setup.py -q build_ext --build-lib "$OUT/lib" --build-temp "$OUT/temp"
 
