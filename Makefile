@@ -12,7 +12,7 @@ DEPS := $(VENV)/.deps-$(subst =,-,$(subst $() ,_,$(TORCH)))
 SOURCES := setup.py pyproject.toml fakequant/_version.py \
 	$(shell find csrc -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \))
 
-.PHONY: build test demo demo-llm bench clean
+.PHONY: build test demo demo-llm bench docs clean
 
 $(DEPS):
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ demo-llm: build $(VENV)/.llm
 # machine: make bench BENCH_ARGS="--wait-idle 120" (waits for idle CPUs before each stage).
 bench: build
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
+
+# The documentation site (Sphinx + MyST, furo theme) from docs/ into build/docs/html, warnings as errors
+# (-n: every cross-reference must resolve; a missing page, heading anchor, file or API name fails it).
+# Needs the extra `docs`: pip install "fakequant[docs]".
+docs: build
+	$(PY) -m sphinx -W --keep-going -n -q -b html -d build/docs/doctrees docs build/docs/html
 
 clean:
 	rm -rf build *.egg-info fakequant/_C*.so fakequant/_build*.so $(VENV)
