@@ -48,7 +48,7 @@ extensions = [
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 # Not pages: anything but docs/*.md (a README.md in docs/ would describe the folder, not the library).
-exclude_patterns = ["README.md", "**/README.md", "_build", ".DS_Store"]
+exclude_patterns = ["README.md", "**/README.md", "_static", "_build", ".DS_Store"]
 templates_path = []
 
 # -- MyST -------------------------------------------------------------------------------------
@@ -76,7 +76,8 @@ nitpick_ignore_regex = [
 # -- HTML -------------------------------------------------------------------------------------
 html_theme = "furo"
 html_title = f"fakequant {release}"
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["fakequant.css"]  # compact tables for the make bench report (performance.md)
 html_show_sourcelink = False
 
 # -- links to files outside docs/ that are pages of the site ---------------------------------
@@ -86,32 +87,36 @@ _SITE_PAGES = {
     "README.md": ("index.md", None),
     "benchmarks/results/README.md": ("performance.md", "the-make-bench-report"),
 }
-_LINK = re.compile(r"(!?)(\[[^\]\n]*\]\()([^)\s]+)(\))")  # [text](target) and ![alt](image)
+_LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")  # [text](target) and ![alt](image)
 
 
 def _rewrite_links(text, file_dir, doc_dir):
     """Markdown links of a file in file_dir, as seen from a page in doc_dir (they differ for an
-    included file): links into docs/ and to other files made relative to the page, links to
-    _SITE_PAGES made links to the page that shows them."""
+    included file): links into docs/ made relative to the page, links to _SITE_PAGES made links
+    to the page that shows them, links to other files of the repository made downloads. A link
+    whose text is its own path (``[docs/demo.md](docs/demo.md)``, the README's style) gets no
+    text, so that the site shows the title of the page or section instead."""
     def sub(match):
-        image, target = match.group(1), match.group(3)
+        image, label, target = match.groups()
         if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith("#"):
             return match.group(0)
         path, sep, anchor = target.partition("#")
         resolved = posixpath.normpath(posixpath.join(file_dir, path))  # relative to the repository root
+        page = None
         if resolved in _SITE_PAGES:
             page, page_anchor = _SITE_PAGES[resolved]
             anchor = anchor or page_anchor
             new = posixpath.relpath(posixpath.join("docs", page), doc_dir) + (f"#{anchor}" if anchor else "")
         elif resolved.startswith("docs/"):
-            if file_dir == doc_dir:
-                return match.group(0)
+            page = resolved
             new = posixpath.relpath(resolved, doc_dir) + sep + anchor
         else:
             # a file of the repository outside docs/: a download (MyST's path: links), which
             # Sphinx copies into the site; a missing file is a warning
             new = ("" if image else "path:") + posixpath.relpath(resolved, doc_dir)
-        return match.group(1) + match.group(2) + new + match.group(4)
+        if page and not image and label.strip("`") in (path, target):
+            label = ""
+        return f"{image}[{label}]({new})"
     return _LINK.sub(sub, text)
 
 
@@ -159,7 +164,10 @@ def _documented_by_object(app):
                 continue
             obj = _lookup(name)
             if obj is not None and (callable(obj) or inspect.ismodule(obj)):
-                cache.setdefault(id(obj), name)
+                # an alias (quant_nn.Conv2d, "alias of QuantConv2d") only where the object's
+                # own name is not documented
+                if id(obj) not in cache or name.rsplit(".", 1)[-1] == getattr(obj, "__name__", None):
+                    cache[id(obj)] = name
         app._fakequant_documented = cache
     return cache
 
