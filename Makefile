@@ -12,7 +12,7 @@ DEPS := $(VENV)/.deps-$(subst =,-,$(subst $() ,_,$(TORCH)))
 SOURCES := setup.py pyproject.toml fakequant/_version.py \
 	$(shell find csrc -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \))
 
-.PHONY: build test demo demo-llm bench clean
+.PHONY: build test demo demo-llm bench docs clean
 
 $(DEPS):
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,11 @@ dist: build
 
 install-check: dist
 	PY=$(PY) DIST=$(DIST) TORCH="$(TORCH)" TORCH2="$(TORCH2)" ENV2=$(ENV2) $(PY) tools/install_check.py
+
+# The documentation site (Sphinx + MyST, furo theme) from docs/ into build/docs/html, warnings as errors
+# (-n: every cross-reference must resolve; a missing page, heading anchor, file or API name fails it).
+docs: build
+	$(PY) -m sphinx -W --keep-going -n -q -b html -d build/docs/doctrees docs build/docs/html
 
 clean:
 	rm -rf build $(DIST) *.egg-info fakequant/_C*.so fakequant/_build*.so $(VENV)

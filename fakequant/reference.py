@@ -1,11 +1,11 @@
 """Plain-PyTorch reference of fakequant's numerics contract (README, DESIGN.md): slow,
-obviously right, and what the tests and `python -m fakequant info` compare the operators to.
+obviously right, and what the tests and ``python -m fakequant info`` compare the operators to::
 
     s  = scale (float32)           amax family: s = fp32(amax) / bound
     xq = rint(fp32(x) / s) + zp    IEEE division, ties to even; xq - zp exact
     y  = dtype_of_x((clamp(xq, qmin, qmax) - zp + 0.0) * s)
 
-+ 0.0: where q - zp is -0.0 (x in (-s/2, 0)) the output is +0.0, as ONNX Runtime's
+``+ 0.0``: where q - zp is -0.0 (x in (-s/2, 0)) the output is +0.0, as ONNX Runtime's
 DequantizeLinear gives; the float grids (FP8, E2M1/E4M3/E5M2 blocks) keep the sign of a
 zero, as ONNX Runtime's float8 QuantizeLinear/DequantizeLinear do.
 
@@ -76,7 +76,7 @@ def _amax_common(x, amax, num_bits, unsigned, narrow_range):
 
 
 def fake_quantize_amax(x, amax, num_bits=8, unsigned=False, narrow_range=True):
-    """(y, mask) of the amax family; mask marks |x| <= amax."""
+    """(y, mask) of the amax family; mask marks ``|x| <= amax``."""
     q, s, mask = _amax_common(x, amax, num_bits, unsigned, narrow_range)
     return (q * s).to(x.dtype), mask
 
@@ -139,7 +139,7 @@ def fake_quantize_fp8(x, amax, exponent_bits=4, mantissa_bits=3):
 
     in float32 (float64 for float64 x, whose cast to float8 goes through float32, as
     torch's does). Where amax <= 2^-24 the output is 0 (NaN stays NaN); mask marks
-    |x| <= amax.
+    ``|x| <= amax``.
     """
     if (exponent_bits, mantissa_bits) not in ((4, 3), (5, 2), (3, 2), (2, 3)):
         raise ValueError(
@@ -235,7 +235,7 @@ def blockwise_element_max(num_bits, unsigned, exponent_bits):
 
 
 def blockwise_saturation_limit(num_bits, exponent_bits):
-    """The largest |xs| that a float format rounds without saturating, ties included:
+    """The largest ``|xs|`` that a float format rounds without saturating, ties included:
     max + half its top step (464 for E4M3, 61440 for E5M2, 7 for E2M1, 30 for E3M2,
     7.75 for E2M3), the top step read off the format's two largest values."""
     e, m = _block_format(num_bits, exponent_bits)
@@ -269,17 +269,21 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
                             scale_amax=None, e8m0_scale=False, centered=False):
     """(y, mask) of block-wise dynamic quantization along the last dimension.
 
-    Each row is cut into blocks of block_size (the last one shorter); per block, in float32:
+    Each row is cut into blocks of block_size (the last one shorter); per block, in float32::
+
         amax = max |x|                                   (NaN in the block: NaN)
         s    = amax / elem_max                           one level
         s    = e4m3(fp32(amax / elem_max) / g) * g       two levels, g = scale_amax / (elem_max * 448)
         s    = 2^clamp(floor(log2 amax) - emax, -127, 127)  e8m0_scale (MX), never degenerate
         degenerate where amax <= 2^-24, s == 0 or g <= 0: outputs 0 (NaN stays NaN), mask = not NaN
-    and per element, in the compute type ct:
+
+    and per element, in the compute type ct::
+
         xs = x / s;  q = clamp(rint(xs), qmin, qmax) (integers) or round_to_format(fp32(xs)) (floats)
         y  = dtype_of_x(q * s) (integers: (q + 0.0) * s, +0.0 for q = -0.0);  mask: the element was not saturated, i.e. qmin <= rint(xs) <= qmax
         (integers) or |xs| <= max + half the format's top step (floats: what rounds to +-max at most)
-    (|xs| <= elem_max would drop the gradient of block maxima whose amax / fp32(amax / bound)
+
+    (``|xs| <= elem_max`` would drop the gradient of block maxima whose amax / fp32(amax / bound)
     rounds just above bound.) Float elements round xs in float32 even for float64 inputs, as
     torch's float8 casts do.
     A block holding +-inf has amax inf: with one level its scale is inf and its outputs NaN.
@@ -367,10 +371,12 @@ def _scaled_grad(t, factor):
 def fake_quantize_lsq(x, scale, zero_point, axis, quant_min, quant_max, grad_factor):
     """LSQ/LSQ+ in plain PyTorch, with straight-through rounding, so that autograd of it
     gives the LSQ gradients; the value is fake_quantize_affine's. For a float64 x, with
-    r = rint(x / s), inside = quant_min - zp <= r <= quant_max - zp:
+    r = rint(x / s), inside = quant_min - zp <= r <= quant_max - zp::
+
       d x     = grad inside, 0 outside;
       d scale = grad_factor * sum(grad * (r - x / s) inside, (quant_min - zp) below, (quant_max - zp) above);
       d zp    = grad_factor * sum(-grad * s outside), for a floating zero_point that requires grad.
+
     scale and zero_point may require grad; zero_point must hold integers. Finite x only
     (x / s rounded straight-through is NaN at +-inf); NaN x gives NaN y.
     """

@@ -9,6 +9,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+# Pages of the documentation site (make docs) that the README does not link: the site's home
+# page (the README's own sections, included), the API reference generated from the docstrings,
+# and the page that includes CHANGELOG.md.
+SITE_ONLY = {"index.md", "api.md", "changelog.md"}
 
 
 def python_blocks(page):
@@ -44,7 +48,8 @@ def test_readme_is_a_landing_page():
     assert len(text.splitlines()) < 300
     assert "make demo" in text and "make test" in text
     linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", text))
-    assert linked == {f"docs/{p.name}" for p in DOCS}, "every docs/ page is linked from the README"
+    assert linked == {f"docs/{p.name}" for p in DOCS if p.name not in SITE_ONLY}, \
+        "every docs/ page is linked from the README"
 
 
 @pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: p.name)

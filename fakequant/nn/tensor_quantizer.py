@@ -157,7 +157,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
 
     @property
     def maxbound(self):
-        """The largest quantized value: ``2^(num_bits - 1 + unsigned) - 1`` (448 for E4M3,
+        """The largest quantized value, ``2^(num_bits - 1 + unsigned) - 1`` (448 for E4M3,
         57344 for E5M2)."""
         if isinstance(self._num_bits, tuple):
             return _core.float_format_max(self._num_bits)

@@ -4,7 +4,7 @@ Both of torch's exporters are reached through their public extension points
 only:
 
 * TorchScript (``dynamo=False``): symbolic functions registered with
-  ``torch.onnx.register_custom_op_symbolic`` (:mod:`.symbolic_torchscript`) on
+  ``torch.onnx.register_custom_op_symbolic`` (``fakequant.onnx.symbolic_torchscript``) on
   ``import fakequant`` (:func:`register`), so a plain ``torch.onnx.export``
   works;
 * dynamo (``dynamo=True``, torch's default): the translations go in through

@@ -156,8 +156,8 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
 
     Under torch.distributed (DDP, FSDP: each rank calibrated on its own
     batches) every rank must call this, with the same model: the calibrators
-    first merge what all ranks collected (:meth:`MaxCalibrator.sync`: all-reduce
-    MAX; :meth:`HistogramCalibrator.sync`: histograms summed on a common grid),
+    first merge what all ranks collected (:meth:`~fakequant.calib.MaxCalibrator.sync`: all-reduce
+    MAX; :meth:`~fakequant.calib.HistogramCalibrator.sync`: histograms summed on a common grid),
     so every rank sets the same amax.
 
     Args:
