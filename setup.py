@@ -24,6 +24,7 @@ import sys
 
 import torch
 from setuptools import Extension, find_packages, setup
+from setuptools.command.sdist import sdist as _sdist
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -192,6 +193,15 @@ class BuildExtensionWithInfo(BuildExtension):
         super().build_extensions()
 
 
+class SdistWithoutBuildDir(_sdist):
+    """setuptools' sdist, less the package metadata that egg_info writes into the
+    build directory (out of the source tree, see build_dir()): the sdist's PKG-INFO
+    carries the same, and a build from the sdist writes its own."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, [f for f in files if f.split(os.sep)[0] != "build"])
+
+
 def _sources(pattern, exclude=()):
     return sorted(p for p in glob.glob(pattern, recursive=True) if p not in exclude)
 
@@ -276,7 +286,7 @@ if __name__ == "__main__":
         packages=find_packages(include=["fakequant", "fakequant.*"]),
         package_data={"fakequant": ["py.typed"]},
         ext_modules=[build_info_extension(), extension()],
-        cmdclass={"build_ext": BuildExtensionWithInfo},
+        cmdclass={"build_ext": BuildExtensionWithInfo, "sdist": SdistWithoutBuildDir},
         # An explicit --build-lib/--build-temp (make cuda-build, tools/sanitize.sh) overrides these.
         options={"build": {"build_base": build_dir()}, "egg_info": {"egg_base": build_dir()}},
     )
