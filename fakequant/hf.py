@@ -38,12 +38,11 @@ def _quantized_attention(
     attention_mask: Optional[torch.Tensor],
     **kwargs: Any,
 ) -> Any:
-    sdpa = _SDPA
-    assert sdpa is not None  # (registered by register_attention, which sets _SDPA first)
-    quantizers = [getattr(module, name, None) for name in BMM_QUANTIZERS]
+    assert _SDPA is not None  # (registered by register_attention, which sets it first)
+    quantizers: List[Any] = [getattr(module, name, None) for name in BMM_QUANTIZERS]
     if quantizers[0] is not None:
         query, key, value = (q(t) for q, t in zip(quantizers, (query, key, value)))
-    return sdpa(module, query, key, value, attention_mask, **kwargs)
+    return _SDPA(module, query, key, value, attention_mask, **kwargs)
 
 
 _SDPA: Optional[Callable[..., Any]] = None
