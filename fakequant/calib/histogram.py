@@ -14,13 +14,16 @@ import contextlib
 import math
 import numbers
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from .. import _core, ops
 from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["HistogramCalibrator", "calibrate_weights"]
 
@@ -263,7 +266,7 @@ class HistogramCalibrator(_Calibrator):
             setattr(self, name, value)
         self._local = None
 
-    def sync(self, group: Any = None) -> None:
+    def sync(self, group: Optional[ProcessGroup] = None) -> None:
         """Merges the histograms of every rank of ``group`` (default: the world)
         of torch.distributed, so that :meth:`compute_amax` gives every rank the
         same amax: the amax of all the data the ranks collected.

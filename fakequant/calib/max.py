@@ -1,13 +1,16 @@
 """Max calibrator: the absolute maximum over everything collected."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from .._core import ValueAndRuntimeError, check_bool
 from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["MaxCalibrator"]
 
@@ -94,7 +97,7 @@ class MaxCalibrator(_Calibrator):
         if self._track_amax:
             self._amaxs = []
 
-    def sync(self, group: Any = None) -> None:
+    def sync(self, group: Optional[ProcessGroup] = None) -> None:
         """Makes the amax the max over every rank of ``group`` (default: the
         world) of torch.distributed: an all-reduce with MAX, so every rank ends
         with the same amax, ranks that collected nothing too. A collective:
