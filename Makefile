@@ -128,7 +128,7 @@ cuda-emulate-planted: build
 	MAX_JOBS=$(MAX_JOBS) $(PY) tools/emulate.py planted
 
 # --- hardening: `make fuzz`, `make sanitize`, `make check` -------------------------------
-.PHONY: fuzz sanitize check slow two-envs
+.PHONY: fuzz sanitize check slow two-envs typecheck
 
 # The hypothesis campaign of tests/test_fuzz.py at full size: FUZZ_EXAMPLES random
 # cases per test (10 tests), every operator and public function with valid and invalid
@@ -152,6 +152,12 @@ sanitize: build
 # exported to ONNX, FSDP2 with a transformers model), which the suite skips.
 slow: build
 	FAKEQUANT_SLOW_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -m slow tests
+
+# mypy on fakequant/ (configuration: [tool.mypy] in pyproject.toml), then stubtest: the
+# stubs of the compiled modules (fakequant/_C.pyi, _build.pyi) against the built libraries.
+typecheck: build
+	$(PY) -m mypy
+	$(PY) -m mypy.stubtest --mypy-config-file pyproject.toml fakequant._C fakequant._build
 
 # Everything that fits in CI: the test suite with the slow tests (inductor),
 # the full fuzz campaign and the sanitizer run.

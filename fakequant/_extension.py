@@ -5,6 +5,11 @@ extension that uses Python's C API only and links no torch library. It is read
 before _C is loaded: _C links against the torch it was built with, and loaded
 into another one it may fail on an unresolved symbol, or load and misbehave.
 """
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Optional
+
 import torch
 
 from ._version import __version__
@@ -20,7 +25,8 @@ except ImportError as e:  # only without a build
     ) from e
 
 
-def check_build(build=None, torch_version=None, version=__version__):
+def check_build(build: Optional[ModuleType] = None, torch_version: Optional[str] = None,
+                version: str = __version__) -> None:
     """Raises ImportError, naming both sides, unless `build` (fakequant._build)
     was built for this torch (`torch_version`, its full version string with the
     local label, as +cpu or +cu128) and from this fakequant (`version`)."""

@@ -13,12 +13,15 @@ with transformers' own ``set_attn_implementation``. Key and value are quantized
 before grouped-query heads are repeated. Nothing from transformers is imported until
 this is asked for, and nothing of it is patched.
 """
+from __future__ import annotations
+
 import warnings
+from typing import Any, Callable, List, Optional
 
 import torch
 
 from .nn.tensor_quantizer import TensorQuantizer
-from .tensor_quant import QuantDescriptor
+from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 
 __all__ = ["ATTN_IMPLEMENTATION", "BMM_QUANTIZERS", "add_attention_quantizers", "is_attention_module",
            "register_attention"]
@@ -27,17 +30,25 @@ ATTN_IMPLEMENTATION = "fakequant"
 BMM_QUANTIZERS = ("q_bmm_quantizer", "k_bmm_quantizer", "v_bmm_quantizer")
 
 
-def _quantized_attention(module, query, key, value, attention_mask, **kwargs):
-    quantizers = [getattr(module, name, None) for name in BMM_QUANTIZERS]
+def _quantized_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    **kwargs: Any,
+) -> Any:
+    assert _SDPA is not None  # (registered by register_attention, which sets it first)
+    quantizers: List[Any] = [getattr(module, name, None) for name in BMM_QUANTIZERS]
     if quantizers[0] is not None:
         query, key, value = (q(t) for q, t in zip(quantizers, (query, key, value)))
     return _SDPA(module, query, key, value, attention_mask, **kwargs)
 
 
-_SDPA = None
+_SDPA: Optional[Callable[..., Any]] = None
 
 
-def register_attention():
+def register_attention() -> str:
     """Registers the ``"fakequant"`` attention (and its mask, the sdpa one) with transformers'
     public registries, once. Returns its name."""
     global _SDPA
@@ -54,7 +65,7 @@ def register_attention():
     return ATTN_IMPLEMENTATION
 
 
-def is_attention_module(module):
+def is_attention_module(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a transformers attention module that calls the attention
     registry: its class name holds ``Attention`` and it has the ``config`` and
     ``is_causal`` attributes those modules keep (``BertSelfAttention``, ``GPT2Attention``,
@@ -62,7 +73,9 @@ def is_attention_module(module):
     return "Attention" in type(module).__name__ and hasattr(module, "config") and hasattr(module, "is_causal")
 
 
-def add_attention_quantizers(model, quant_desc, skip=None):
+def add_attention_quantizers(
+    model: torch.nn.Module, quant_desc: ScaledQuantDescriptor, skip: Optional[Callable[[str], bool]] = None
+) -> List[str]:
     """Adds ``q_bmm_quantizer``/``k_bmm_quantizer``/``v_bmm_quantizer`` (from ``quant_desc``)
     to every attention module of the transformers model ``model`` (except those whose
     qualified name ``skip(name)`` accepts) and switches the model to the ``"fakequant"``
@@ -72,8 +85,9 @@ def add_attention_quantizers(model, quant_desc, skip=None):
     if not callable(getattr(model, "set_attn_implementation", None)):
         raise ValueError("quantize_attention needs a transformers PreTrainedModel (with set_attn_implementation), "
                          f"got {type(model).__name__}")
+    hf_model: Any = model  # (a transformers PreTrainedModel, duck-typed: checked just above)
     name = register_attention()
-    done = []
+    done: List[str] = []
     for qualified, module in model.named_modules():
         if not is_attention_module(module) or (skip is not None and skip(qualified)):
             continue
@@ -86,8 +100,8 @@ def add_attention_quantizers(model, quant_desc, skip=None):
         warnings.warn("quantize_attention: the model has no transformers attention module; nothing added",
                       stacklevel=3)
         return done
-    model.set_attn_implementation(name)
-    if model.config._attn_implementation != name:
+    hf_model.set_attn_implementation(name)
+    if hf_model.config._attn_implementation != name:
         raise ValueError(f"quantize_attention: {type(model).__name__} does not take a registered attention "
-                         f"function (its attention implementation stayed {model.config._attn_implementation!r})")
+                         f"function (its attention implementation stayed {hf_model.config._attn_implementation!r})")
     return done

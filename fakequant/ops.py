@@ -23,7 +23,7 @@ a host-to-device copy on every call (and cannot be captured in a CUDA graph).
 """
 import math
 import numbers
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union, overload
 
 import torch
 
@@ -95,11 +95,11 @@ class _Params:
 
     MAX_CACHED = 1024
 
-    def __init__(self, *params):
+    def __init__(self, *params: Tuple[str, torch.dtype]) -> None:
         self.params = params  # (name, dtype) each
-        self.cache = {}
+        self.cache: Dict[Tuple[Any, ...], Tuple[torch.Tensor, ...]] = {}
 
-    def __call__(self, like: torch.Tensor, *values) -> Tuple[torch.Tensor, ...]:
+    def __call__(self, like: torch.Tensor, *values: TensorOrNumber) -> Tuple[torch.Tensor, ...]:
         key = None
         # Not when traced, fake or under a dispatch mode: a tensor of that world instead.
         if type(like) is torch.Tensor and not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack():
@@ -123,7 +123,7 @@ class _Params:
         self.cache[key] = made
         return made
 
-    def _make(self, like, values):
+    def _make(self, like: torch.Tensor, values: Tuple[TensorOrNumber, ...]) -> Tuple[torch.Tensor, ...]:
         return tuple(_as_tensor(v, like, dtype, name) for v, (name, dtype) in zip(values, self.params))
 
 
@@ -142,7 +142,7 @@ _MIN_MAX = _Params(("min_range", torch.float32), ("max_range", torch.float32))
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _check_meta(input: torch.Tensor, input_name: str = "input", **params: torch.Tensor) -> None:
+def _check_meta(input: torch.Tensor, input_name: str = "input", /, **params: torch.Tensor) -> None:
     if input.dtype not in _FLOAT_DTYPES:
         raise TypeError(
             f"fakequant: {input_name} must be float32, float16, bfloat16 or float64, got {input.dtype}"
@@ -218,7 +218,9 @@ def mask_grad(grad: torch.Tensor, mask: torch.Tensor, output_stride: Sequence[in
 # --- public functions --------------------------------------------------------
 
 
-def _first(result, return_mask: bool):
+def _first(
+    result: Tuple[torch.Tensor, torch.Tensor], return_mask: bool
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """An operator's ``(output, mask)``, or its output alone."""
     return result if return_mask else result[0]
 
@@ -240,7 +242,39 @@ def fake_quantize_affine(
     return _affine(input, scale, zero_point, axis, quant_min, quant_max, True)[0]
 
 
-def _affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask):
+@overload
+def _affine(
+    input: torch.Tensor,
+    scale: TensorOrNumber,
+    zero_point: TensorOrNumber,
+    axis: Optional[int],
+    quant_min: int,
+    quant_max: int,
+    pack_mask: Literal[True],
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]: ...
+
+
+@overload
+def _affine(
+    input: torch.Tensor,
+    scale: TensorOrNumber,
+    zero_point: TensorOrNumber,
+    axis: Optional[int],
+    quant_min: int,
+    quant_max: int,
+    pack_mask: Literal[False],
+) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def _affine(
+    input: torch.Tensor,
+    scale: TensorOrNumber,
+    zero_point: TensorOrNumber,
+    axis: Optional[int],
+    quant_min: int,
+    quant_max: int,
+    pack_mask: bool,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """fake_quantize_affine's operator after the checks Python makes (the others are
     C++'s). They run on every call: arguments of the usual types skip the checkers."""
     if not (isinstance(input, torch.Tensor) and type(quant_min) is int and type(quant_max) is int
@@ -322,7 +356,7 @@ def fake_quantize_per_channel_affine_cachemask(
     return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, False)
 
 
-def _learnable_params(scale, zero_point) -> None:
+def _learnable_params(scale: torch.Tensor, zero_point: torch.Tensor) -> None:
     # torch's learnable ops take float tensors for both (the zero point is learned).
     for name, t in (("scale", scale), ("zero_point", zero_point)):
         check_tensor(t, name)
@@ -417,7 +451,9 @@ class _FakeQuantizeAmaxPassThrough(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-def _amax_args(input, amax, num_bits, check_values):
+def _amax_args(
+    input: torch.Tensor, amax: TensorOrNumber, num_bits: int, check_values: bool
+) -> Tuple[torch.Tensor, torch.Tensor, int, bool]:
     """The amax family's arguments after the checks Python makes (the others are C++'s);
     arguments of the usual types skip the checkers."""
     if not (isinstance(input, torch.Tensor) and type(num_bits) is int and MIN_NUM_BITS <= num_bits <= MAX_NUM_BITS
@@ -430,6 +466,48 @@ def _amax_args(input, amax, num_bits, check_values):
     return input, amax, num_bits, check_values
 
 
+@overload
+def fake_quantize_amax(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    num_bits: int = ...,
+    unsigned: bool = ...,
+    narrow_range: bool = ...,
+    pass_through: bool = ...,
+    *,
+    return_mask: Literal[False] = ...,
+    check_values: bool = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def fake_quantize_amax(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    num_bits: int = ...,
+    unsigned: bool = ...,
+    narrow_range: bool = ...,
+    pass_through: bool = ...,
+    *,
+    return_mask: Literal[True],
+    check_values: bool = ...,
+) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def fake_quantize_amax(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    num_bits: int = ...,
+    unsigned: bool = ...,
+    narrow_range: bool = ...,
+    pass_through: bool = ...,
+    *,
+    return_mask: bool,
+    check_values: bool = ...,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
+
+
 def fake_quantize_amax(
     input: torch.Tensor,
     amax: TensorOrNumber,
@@ -440,7 +518,7 @@ def fake_quantize_amax(
     *,
     return_mask: bool = False,
     check_values: bool = True,
-) -> torch.Tensor:
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """pytorch-quantization's ``fake_tensor_quant``: scale ``amax / bound``.
 
     ``amax`` is a number or a tensor broadcastable to ``input`` (per-channel
@@ -462,6 +540,45 @@ def fake_quantize_amax(
     return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values), return_mask)
 
 
+@overload
+def quantize_amax(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    num_bits: int = ...,
+    unsigned: bool = ...,
+    narrow_range: bool = ...,
+    *,
+    return_mask: Literal[False] = ...,
+    check_values: bool = ...,
+) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def quantize_amax(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    num_bits: int = ...,
+    unsigned: bool = ...,
+    narrow_range: bool = ...,
+    *,
+    return_mask: Literal[True],
+    check_values: bool = ...,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def quantize_amax(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    num_bits: int = ...,
+    unsigned: bool = ...,
+    narrow_range: bool = ...,
+    *,
+    return_mask: bool,
+    check_values: bool = ...,
+) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]: ...
+
+
 def quantize_amax(
     input: torch.Tensor,
     amax: TensorOrNumber,
@@ -471,7 +588,7 @@ def quantize_amax(
     *,
     return_mask: bool = False,
     check_values: bool = True,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """pytorch-quantization's ``tensor_quant``: the integer values (in input's
     dtype) and the scale ``bound / amax`` they were multiplied by (1 where
     ``amax <= 2^-24``), so that ``output / scale`` dequantizes; and the packed
@@ -485,6 +602,39 @@ def quantize_amax(
     return (output, scale, mask) if return_mask else (output, scale)
 
 
+@overload
+def fake_quantize_min_max(
+    input: torch.Tensor,
+    min_range: TensorOrNumber,
+    max_range: TensorOrNumber,
+    num_bits: int = ...,
+    *,
+    return_mask: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def fake_quantize_min_max(
+    input: torch.Tensor,
+    min_range: TensorOrNumber,
+    max_range: TensorOrNumber,
+    num_bits: int = ...,
+    *,
+    return_mask: Literal[True],
+) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def fake_quantize_min_max(
+    input: torch.Tensor,
+    min_range: TensorOrNumber,
+    max_range: TensorOrNumber,
+    num_bits: int = ...,
+    *,
+    return_mask: bool,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
+
+
 def fake_quantize_min_max(
     input: torch.Tensor,
     min_range: TensorOrNumber,
@@ -492,7 +642,7 @@ def fake_quantize_min_max(
     num_bits: int = 8,
     *,
     return_mask: bool = False,
-) -> torch.Tensor:
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """pytorch-quantization's ``fake_affine_tensor_quant``: an asymmetric range
     ``[min_range, max_range]`` on ``2^num_bits`` levels. The gradient passes
     where ``min_range <= x <= max_range``. ``return_mask=True`` returns ``(output, packed mask)``."""
@@ -522,6 +672,42 @@ def _(input, amax, exponent_bits=4, mantissa_bits=3, check_values=True):
     return y, _new_mask(y)
 
 
+@overload
+def fake_quantize_fp8(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    exponent_bits: int = ...,
+    mantissa_bits: int = ...,
+    *,
+    return_mask: Literal[False] = ...,
+    check_values: bool = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def fake_quantize_fp8(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    exponent_bits: int = ...,
+    mantissa_bits: int = ...,
+    *,
+    return_mask: Literal[True],
+    check_values: bool = ...,
+) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def fake_quantize_fp8(
+    input: torch.Tensor,
+    amax: TensorOrNumber,
+    exponent_bits: int = ...,
+    mantissa_bits: int = ...,
+    *,
+    return_mask: bool,
+    check_values: bool = ...,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
+
+
 def fake_quantize_fp8(
     input: torch.Tensor,
     amax: TensorOrNumber,
@@ -530,7 +716,7 @@ def fake_quantize_fp8(
     *,
     return_mask: bool = False,
     check_values: bool = True,
-) -> torch.Tensor:
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """FP8 fake quantization: E4M3 (``exponent_bits=4, mantissa_bits=3``, max 448)
     or E5M2 (5, 2; max 57344) with scale ``s = amax / max``:
     ``fp8(clamp(x / s, -max, max)) * s``, rounded to nearest even as torch's
@@ -558,7 +744,14 @@ def fake_quantize_fp8(
 
 # === block-wise: fake_quantize_blockwise (edit only inside this section) ===
 
-def _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale=False):
+def _check_blockwise_args(
+    block_size: int,
+    num_bits: int,
+    unsigned: bool,
+    exponent_bits: int,
+    scale_amax: Optional[torch.Tensor],
+    e8m0_scale: bool = False,
+) -> None:
     # The C++ checks (csrc/include/fakequant/arg_checks.h), repeated for the fake kernel.
     if block_size < 1:
         raise ValueError(f"fakequant: block_size must be >= 1, got {block_size}")

@@ -24,9 +24,11 @@ A preset is a :class:`Preset` (two :class:`~fakequant.tensor_quant.QuantDescript
 keyword dicts); :func:`get` returns it by name (case-insensitive). Layers to keep in
 float (``lm_head``, by default) are :func:`fakequant.quantize_model`'s business.
 """
-from typing import Any, Dict, NamedTuple
+from __future__ import annotations
 
-from .tensor_quant import QuantDescriptor
+from typing import Any, Dict, NamedTuple, Tuple, Union
+
+from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 
 __all__ = ["Preset", "PRESETS", "get"]
 
@@ -38,19 +40,19 @@ class Preset(NamedTuple):
     input: Dict[str, Any]
     description: str
 
-    def descriptors(self):
+    def descriptors(self) -> Tuple[ScaledQuantDescriptor, ScaledQuantDescriptor]:
         """``(quant_desc_input, quant_desc_weight)``, as :func:`fakequant.quantize_model` takes them."""
         return QuantDescriptor(**self.input), QuantDescriptor(**self.weight)
 
 
-_PER_TOKEN = {"type": "dynamic", "block_sizes": {-1: None}}
+_PER_TOKEN: Dict[str, Any] = {"type": "dynamic", "block_sizes": {-1: None}}
 
 
-def _mx(num_bits):
+def _mx(num_bits: Tuple[int, int]) -> Dict[str, Any]:
     return {"num_bits": num_bits, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (8, 0)}}
 
 
-_NVFP4 = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}}
+_NVFP4: Dict[str, Any] = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}}
 
 PRESETS: Dict[str, Preset] = {
     "W8A8": Preset({"num_bits": 8, "axis": 0}, {"num_bits": 8, **_PER_TOKEN},
@@ -72,7 +74,7 @@ PRESETS: Dict[str, Preset] = {
 }
 
 
-def get(name) -> Preset:
+def get(name: Union[str, Preset]) -> Preset:
     """The preset named ``name`` (case-insensitive), or ``name`` itself if it is a :class:`Preset`."""
     if isinstance(name, Preset):
         return name

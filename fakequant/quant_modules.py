@@ -10,11 +10,13 @@ Two ways:
   pretrained weights) in place, keeping its parameters (same tensors, so an
   optimizer built on them stays valid), hooks and mode.
 """
+from __future__ import annotations
+
 import contextlib
 import fnmatch
 import sys
 import warnings
-from collections import namedtuple
+from typing import Any, Callable, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 import torch
 
@@ -22,7 +24,7 @@ from . import hf, presets
 from . import nn as quant_nn
 from .nn._utils import QuantInputMixin, QuantMixin
 from .nn.tensor_quantizer import TensorQuantizer
-from .tensor_quant import QuantDescriptor
+from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from ._core import enable_onnx_export  # noqa: F401  (pytorch-quantization's name; per-thread switches)
 
 __all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "unconverted",
@@ -31,7 +33,14 @@ __all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "
 # What conversion leaves alone: quantized modules and quantizers.
 _QUANTIZED = (QuantMixin, QuantInputMixin, TensorQuantizer)
 
-_quant_entry = namedtuple("quant_entry", "orig_mod mod_name replace_mod")
+class _quant_entry(NamedTuple):
+    orig_mod: Any
+    mod_name: str
+    replace_mod: Type[torch.nn.Module]
+
+
+# (pytorch-quantization's namedtuple("quant_entry", ...): its name in reprs)
+_quant_entry.__name__ = _quant_entry.__qualname__ = "quant_entry"
 
 _DEFAULT_QUANT_MAP = [
     _quant_entry(torch.nn, "Conv1d", quant_nn.QuantConv1d),
@@ -121,17 +130,22 @@ class QuantModuleReplacementHelper:
     class for the original.
     """
 
-    def __init__(self):
-        self.orginal_func_map = {}  # (id(module), name) -> (module, name, original class)
-        self.quant_map = []
+    def __init__(self) -> None:
+        # (id(module), name) -> (module, name, original class)
+        self.orginal_func_map: Dict[Tuple[int, str], Tuple[Any, str, Any]] = {}
+        self.quant_map: List[_quant_entry] = []
 
-    def prepare_state(self, float_module_list=None, custom_map=None):
+    def prepare_state(
+        self,
+        float_module_list: Optional[Sequence[str]] = None,
+        custom_map: Optional[Sequence[Tuple[Any, str, Type[torch.nn.Module]]]] = None,
+    ) -> None:
         """Chooses the entries to patch: the default map minus ``float_module_list``, plus ``custom_map``."""
         skip = _check_float_module_list(float_module_list)
         custom = _check_custom(custom_map)
         self.quant_map = [e for e in _DEFAULT_QUANT_MAP if e.mod_name not in skip] + custom
 
-    def apply_quant_modules(self):
+    def apply_quant_modules(self) -> None:
         """Patches every entry of the quant map."""
         for entry in self.quant_map:
             key = (id(entry.orig_mod), entry.mod_name)
@@ -140,7 +154,7 @@ class QuantModuleReplacementHelper:
                 self.orginal_func_map[key] = (entry.orig_mod, entry.mod_name, original)
             setattr(entry.orig_mod, entry.mod_name, entry.replace_mod)
 
-    def restore_float_modules(self):
+    def restore_float_modules(self) -> None:
         """Puts every patched class back."""
         for module, name, original in self.orginal_func_map.values():
             setattr(module, name, original)
@@ -148,7 +162,7 @@ class QuantModuleReplacementHelper:
         self.quant_map = []
 
     @property
-    def active(self):
+    def active(self) -> bool:
         return bool(self.orginal_func_map)
 
 
@@ -158,12 +172,15 @@ _quant_module_helper_object = QuantModuleReplacementHelper()
 class _Initialized(contextlib.AbstractContextManager):
     """Returned by :func:`initialize`; leaving a ``with`` block deactivates."""
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> Literal[False]:
         deactivate()
         return False
 
 
-def initialize(float_module_list=None, custom_quant_modules=None):
+def initialize(
+    float_module_list: Optional[Sequence[str]] = None,
+    custom_quant_modules: Optional[Sequence[Tuple[Any, str, Type[torch.nn.Module]]]] = None,
+) -> contextlib.AbstractContextManager:
     """Replaces ``torch.nn`` layer classes by their quantized versions.
 
     Models constructed afterwards (``torchvision.models.resnet50()``, ...) get
@@ -187,7 +204,7 @@ def initialize(float_module_list=None, custom_quant_modules=None):
     return _Initialized()
 
 
-def deactivate():
+def deactivate() -> None:
     """Undoes :func:`initialize` (no-op if it is not active)."""
     _quant_module_helper_object.restore_float_modules()
 
@@ -234,8 +251,16 @@ def _convert(module, quant_cls, quant_desc_input, quant_desc_weight):
     return converted
 
 
-def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_module_list=None,
-                   custom_quant_modules=None, exclude=None, preset=None, quantize_attention=False):
+def quantize_model(
+    model: torch.nn.Module,
+    quant_desc_input: Optional[ScaledQuantDescriptor] = None,
+    quant_desc_weight: Optional[ScaledQuantDescriptor] = None,
+    float_module_list: Optional[Sequence[str]] = None,
+    custom_quant_modules: Optional[Sequence[Tuple[Any, str, Type[torch.nn.Module]]]] = None,
+    exclude: Optional[Sequence[str]] = None,
+    preset: Optional[Union[str, presets.Preset]] = None,
+    quantize_attention: Union[bool, ScaledQuantDescriptor] = False,
+) -> torch.nn.Module:
     """Converts the layers of an existing model to quantized layers, in place.
 
     Every submodule whose class is one of those :func:`initialize` patches
@@ -325,16 +350,16 @@ def quantize_model(model, quant_desc_input=None, quant_desc_weight=None, float_m
     return converted
 
 
-def unconverted(model: torch.nn.Module):
+def unconverted(model: torch.nn.Module) -> List[Tuple[str, str]]:
     """``[(qualified name, class name), ...]`` of the submodules that hold parameters of
     their own and are not quantized (nor inside a quantized module): what stayed in float
     after :func:`quantize_model` or under :func:`initialize` (norms and embeddings,
     typically; also layer types fakequant does not convert)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    found = []
+    found: List[Tuple[str, str]] = []
 
-    def walk(module, qualified):
+    def walk(module: torch.nn.Module, qualified: str) -> None:
         if isinstance(module, _QUANTIZED):
             return
         if next(module.parameters(recurse=False), None) is not None:

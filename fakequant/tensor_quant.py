@@ -8,10 +8,12 @@ there (``scale = amax / bound``, ``rint(x / scale)``, as ONNX QuantizeLinear);
 where pytorch-quantization multiplies by ``bound / amax`` instead, results can
 differ by one step at exact ties.
 """
+from __future__ import annotations
+
 import copy
 import math
 import numbers
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -52,7 +54,7 @@ CALIB_METHODS = ("max", "histogram")
 _BLOCK_STRING_KEYS = ("type", "scale_bits", "scale_block_sizes")
 
 
-def _amax_to_array(amax, name="amax") -> np.ndarray:
+def _amax_to_array(amax: Any, name: str = "amax") -> np.ndarray:
     """A float32 ndarray (a copy) of a user-given amax (number, list, tuple, ndarray or
     tensor): the type pytorch-quantization's descriptor holds."""
     if isinstance(amax, bool):
@@ -78,14 +80,14 @@ def _amax_to_array(amax, name="amax") -> np.ndarray:
 _BIAS_STRING_KEYS = {"type": ("static", "dynamic"), "method": ("mean", "max_min")}
 
 
-def _normalize_bias(bias):
+def _normalize_bias(bias: Any) -> Optional[Dict[Union[int, str], Any]]:
     """Model Optimizer's ``bias`` dict, checked: int axes (values None) and the string keys
     ``type`` and ``method``."""
     if bias is None:
         return None
     if not isinstance(bias, dict):
         raise TypeError(f"bias must be a dict or None, got {type(bias).__name__}")
-    out = {}
+    out: Dict[Union[int, str], Any] = {}
     for key, value in bias.items():
         if isinstance(key, str):
             if key not in _BIAS_STRING_KEYS or value not in _BIAS_STRING_KEYS[key]:
@@ -103,12 +105,12 @@ def _normalize_bias(bias):
     return out
 
 
-def _normalize_block_sizes(block_sizes):
+def _normalize_block_sizes(block_sizes: Any) -> Optional[Dict[Union[int, str], Any]]:
     if block_sizes is None:
         return None
     if not isinstance(block_sizes, dict):
         raise TypeError(f"block_sizes must be a dict or None, got {type(block_sizes).__name__}")
-    out = {}
+    out: Dict[Union[int, str], Any] = {}
     for key, value in block_sizes.items():
         if isinstance(key, str):
             if key not in _BLOCK_STRING_KEYS:
@@ -182,7 +184,7 @@ class ScaledQuantDescriptor:
     :meth:`from_yaml` round-trip exactly.
     """
 
-    def __init__(self, num_bits=8, name=None, **kwargs):
+    def __init__(self, num_bits: Union[int, Tuple[int, int]] = 8, name: Optional[str] = None, **kwargs: Any) -> None:
         self._num_bits = check_num_bits(num_bits)
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r} ({type(name).__name__})")
@@ -198,7 +200,8 @@ class ScaledQuantDescriptor:
         if scale_amax is not None:
             if isinstance(scale_amax, bool) or not isinstance(scale_amax, numbers.Real):
                 raise TypeError(f"scale_amax must be a number or None, got {scale_amax!r}")
-            if not (math.isfinite(scale_amax) and scale_amax > 0):
+            # (ignore: typeshed's numbers.Real declares __lt__/__le__ only, not __gt__ with an int)
+            if not (math.isfinite(scale_amax) and scale_amax > 0):  # type: ignore[operator]
                 raise ValueError(f"scale_amax must be finite and > 0, got {scale_amax!r}")
         self._scale_amax = scale_amax
         self._calib_method = kwargs.pop("calib_method", "max")
@@ -241,68 +244,70 @@ class ScaledQuantDescriptor:
 
     # -- read-only properties ---------------------------------------------------
     @property
-    def num_bits(self):
+    def num_bits(self) -> Union[int, Tuple[int, int]]:
         return self._num_bits
 
     @property
-    def name(self):
+    def name(self) -> Optional[str]:
         return self._name
 
     @property
-    def fake_quant(self):
+    def fake_quant(self) -> bool:
         return self._fake_quant
 
     @property
-    def axis(self):
+    def axis(self) -> Optional[Union[int, Tuple[int, ...]]]:
         return self._axis
 
     @property
-    def block_sizes(self):
+    def block_sizes(self) -> Optional[Dict[Union[int, str], Any]]:
         return copy.copy(self._block_sizes)
 
     @property
-    def amax(self):
+    def amax(self) -> Optional[np.ndarray]:
         """The user-given amax as a float32 ``np.ndarray`` (a copy), as pytorch-quantization
         returns it; None if not given."""
         return None if self._amax is None else self._amax.copy()
 
     @property
-    def learn_amax(self):
+    def learn_amax(self) -> bool:
         return self._learn_amax
 
     @property
-    def scale_amax(self):
+    def scale_amax(self) -> Optional[float]:
         return self._scale_amax
 
     @property
-    def calib_method(self):
+    def calib_method(self) -> str:
         return self._calib_method
 
     @property
-    def unsigned(self):
+    def unsigned(self) -> bool:
         return self._unsigned
 
     @property
-    def narrow_range(self):
+    def narrow_range(self) -> bool:
         return self._narrow_range
 
     @property
-    def dynamic(self):
+    def dynamic(self) -> bool:
         return self._dynamic
 
     @property
-    def bias(self):
+    def bias(self) -> Optional[Dict[Union[int, str], Any]]:
         return copy.copy(self._bias)
 
     # -- comparison and printing -------------------------------------------------
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, ScaledQuantDescriptor):
             return NotImplemented
         return self.dict() == other.dict()
 
-    __hash__ = None  # mutable-looking value type, as pytorch-quantization's
+    # mutable-looking value type, as pytorch-quantization's. (ignore: mypy types object.__hash__ as a
+    # method and rejects None, Python's spelling of an unhashable class: python/mypy#4266)
+    __hash__ = None  # type: ignore[assignment]
 
-    def __str__(self):
+    def __str__(self) -> str:
         s = f"{self._name}: " if self._name is not None else "QuantDescriptor"
         s += "(" + ("unsigned " if self._unsigned else "") + f"{self._num_bits}bit"
         s += " fake" if self._fake_quant else " real"
@@ -326,7 +331,7 @@ class ScaledQuantDescriptor:
             s += f" calib_method={self._calib_method}"
         return s + ")"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.dict().items())
         return f"QuantDescriptor({args})"
 
@@ -422,7 +427,9 @@ def _amax_like(amax: Amax, inputs: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(amax), dtype=torch.float32, device=inputs.device)
 
 
-def fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+def fake_tensor_quant(
+    inputs: torch.Tensor, amax: Amax, num_bits: int = 8, unsigned: bool = False, narrow_range: bool = True
+) -> torch.Tensor:
     """Fake-quantizes ``inputs`` to ``num_bits`` with range ``[-amax, amax]``.
 
     ``amax`` is a number or a tensor broadcastable to ``inputs`` (its shape
@@ -433,13 +440,17 @@ def fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=Tru
     return ops.fake_quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
 
 
-def legacy_fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+def legacy_fake_tensor_quant(
+    inputs: torch.Tensor, amax: Amax, num_bits: int = 8, unsigned: bool = False, narrow_range: bool = True
+) -> torch.Tensor:
     """pytorch-quantization's pure-PyTorch fake quantization, kept for its name:
     here it is the same operator as :func:`fake_tensor_quant`."""
     return fake_tensor_quant(inputs, amax, num_bits, unsigned, narrow_range)
 
 
-def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+def tensor_quant(
+    inputs: torch.Tensor, amax: Amax, num_bits: int = 8, unsigned: bool = False, narrow_range: bool = True
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Quantizes ``inputs``: returns ``(outputs, scale)`` with integer-valued
     ``outputs`` (in ``inputs``' dtype) and ``scale = bound / amax`` (1 where
     amax is 0) in ``inputs``' dtype, so that ``outputs / scale`` dequantizes.
@@ -448,20 +459,22 @@ def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
     return outputs, scale_in_input_dtype(scale, inputs, amax)
 
 
-def scale_in_input_dtype(scale, inputs, amax):
+def scale_in_input_dtype(scale: torch.Tensor, inputs: torch.Tensor, amax: Amax) -> torch.Tensor:
     """``tensor_quant``'s scale in ``inputs``' dtype (for TensorQuantizer too)."""
     if inputs.dtype == torch.half and scale.device.type == "cpu" and bool((scale > 65504).any()):
         raise ValueError(f"the scale bound / amax overflows float16 for amax={amax}")
     return scale.to(inputs.dtype)
 
 
-def fake_affine_tensor_quant(inputs, min_range, max_range, num_bits=8):
+def fake_affine_tensor_quant(
+    inputs: torch.Tensor, min_range: Amax, max_range: Amax, num_bits: int = 8
+) -> torch.Tensor:
     """Asymmetric fake quantization of ``inputs`` to ``2^num_bits`` levels over
     ``[min_range, max_range]``; the gradient passes inside the range."""
     return ops.fake_quantize_min_max(inputs, min_range, max_range, num_bits)
 
 
-def _fp8_amax(amax, inputs, E, M):
+def _fp8_amax(amax: Optional[Amax], inputs: torch.Tensor, E: int, M: int) -> torch.Tensor:
     # amax None: scale 1, i.e. amax is the format's largest value.
     if amax is None:
         if not isinstance(inputs, torch.Tensor):
@@ -470,7 +483,7 @@ def _fp8_amax(amax, inputs, E, M):
     return _amax_like(amax, inputs)
 
 
-def scaled_e4m3(inputs, amax=None, E=4, M=3):
+def scaled_e4m3(inputs: torch.Tensor, amax: Optional[Amax] = None, E: int = 4, M: int = 3) -> torch.Tensor:
     """FP8 fake quantization of ``inputs`` with scale ``amax / 448``: the values of
     ``x / scale`` are saturated to [-448, 448] and rounded to FP8 E4M3 (to nearest
     even, as ``.to(torch.float8_e4m3fn)``), then multiplied back by the scale.
@@ -492,14 +505,14 @@ def scaled_e4m3(inputs, amax=None, E=4, M=3):
 # backward (fakequant.ops.mask_grad). Nothing is computed a second way.
 
 
-def _output_and_mask(ctx, result):
+def _output_and_mask(ctx: Any, result: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     y, mask = result
     ctx.save_for_backward(mask)
     ctx.output_stride = y.stride()
     return y
 
 
-def _mask_grad(ctx, grad):
+def _mask_grad(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
     (mask,) = ctx.saved_tensors
     return ops.mask_grad(grad, mask, ctx.output_stride)
 
@@ -508,12 +521,15 @@ class FakeTensorQuantFunction(torch.autograd.Function):
     """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``: :func:`fake_tensor_quant`."""
 
     @staticmethod
-    def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+    def forward(
+        ctx: Any, inputs: torch.Tensor, amax: Amax, num_bits: int = 8, unsigned: bool = False,
+        narrow_range: bool = True,
+    ) -> torch.Tensor:
         return _output_and_mask(ctx, ops.fake_quantize_amax(
             inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range, return_mask=True))
 
     @staticmethod
-    def backward(ctx, grad_outputs):
+    def backward(ctx: Any, grad_outputs: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         return _mask_grad(ctx, grad_outputs), None, None, None, None
 
 
@@ -525,7 +541,10 @@ class TensorQuantFunction(torch.autograd.Function):
     """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``: :func:`tensor_quant`."""
 
     @staticmethod
-    def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+    def forward(
+        ctx: Any, inputs: torch.Tensor, amax: Amax, num_bits: int = 8, unsigned: bool = False,
+        narrow_range: bool = True,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         amax = _amax_like(amax, inputs)
         outputs, scale, mask = ops.quantize_amax(inputs, amax, num_bits, unsigned, narrow_range, return_mask=True)
         outputs = _output_and_mask(ctx, (outputs, mask))
@@ -533,7 +552,9 @@ class TensorQuantFunction(torch.autograd.Function):
         return outputs, scale_in_input_dtype(scale, inputs, amax)
 
     @staticmethod
-    def backward(ctx, grad_outputs, grad_scale):
+    def backward(
+        ctx: Any, grad_outputs: torch.Tensor, grad_scale: Optional[torch.Tensor]
+    ) -> Tuple[Optional[torch.Tensor], ...]:
         return _mask_grad(ctx, grad_outputs), None, None, None, None
 
 
@@ -541,12 +562,12 @@ class FakeAffineTensorQuantFunction(torch.autograd.Function):
     """``apply(inputs, min_range, max_range, num_bits=8)``: :func:`fake_affine_tensor_quant`."""
 
     @staticmethod
-    def forward(ctx, inputs, min_range, max_range, num_bits=8):
+    def forward(ctx: Any, inputs: torch.Tensor, min_range: Amax, max_range: Amax, num_bits: int = 8) -> torch.Tensor:
         return _output_and_mask(ctx, ops.fake_quantize_min_max(inputs, min_range, max_range, num_bits,
                                                               return_mask=True))
 
     @staticmethod
-    def backward(ctx, grad_outputs):
+    def backward(ctx: Any, grad_outputs: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         return _mask_grad(ctx, grad_outputs), None, None, None
 
 
@@ -554,10 +575,10 @@ class ScaledE4M3Function(torch.autograd.Function):
     """``apply(inputs, amax=None, E=4, M=3)``: :func:`scaled_e4m3`."""
 
     @staticmethod
-    def forward(ctx, inputs, amax=None, E=4, M=3):
+    def forward(ctx: Any, inputs: torch.Tensor, amax: Optional[Amax] = None, E: int = 4, M: int = 3) -> torch.Tensor:
         return _output_and_mask(ctx, ops.fake_quantize_fp8(inputs, _fp8_amax(amax, inputs, E, M), E, M,
                                                           return_mask=True))
 
     @staticmethod
-    def backward(ctx, grad_outputs):
+    def backward(ctx: Any, grad_outputs: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         return _mask_grad(ctx, grad_outputs), None, None, None

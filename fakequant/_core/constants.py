@@ -3,7 +3,11 @@
 Nothing here is computed again: the values and the two range functions come
 from the compiled library, which the kernels use too.
 """
+from __future__ import annotations
+
 from .. import _extension  # noqa: F401  (loads the library, refusing one built for another torch)
+from typing import Dict, Sequence, Tuple
+
 from .. import _C
 
 #: amax at or below this gives a zero output (and a scale of 1 for ``quantize_amax``).
@@ -18,27 +22,27 @@ E2M1_MAX: float = _C.E2M1_MAX
 
 #: (E, M) of every small float format (FP8 E4M3/E5M2, FP6 E3M2/E2M3, FP4 E2M1) ->
 #: (largest finite value, largest exponent: the MX specification's emax).
-FLOAT_FORMATS = dict(_C.FLOAT_FORMATS)
+FLOAT_FORMATS: Dict[Tuple[int, int], Tuple[float, int]] = dict(_C.FLOAT_FORMATS)
 #: (E, M) of every float format a descriptor may name -> largest finite value
 #: (FP4 E2M1 only as block-wise elements).
-FLOAT_FORMAT_MAX = {fmt: value for fmt, (value, _) in FLOAT_FORMATS.items()}
+FLOAT_FORMAT_MAX: Dict[Tuple[int, ...], float] = {fmt: value for fmt, (value, _) in FLOAT_FORMATS.items()}
 #: (exponent_bits, mantissa_bits) of the formats fake_quantize_fp8 takes (FP8 and FP6)
 #: -> largest finite value.
-FP8_FORMATS = {fmt: value for fmt, value in FLOAT_FORMAT_MAX.items() if sum(fmt) >= 5}
+FP8_FORMATS: Dict[Tuple[int, ...], float] = {fmt: value for fmt, value in FLOAT_FORMAT_MAX.items() if sum(fmt) >= 5}
 #: block_sizes["scale_bits"] (Model Optimizer's spelling) -> the block scales it names: E4M3
 #: under a per-tensor scale (NVFP4), or E8M0 powers of two (the OCP microscaling formats).
-BLOCK_SCALE_BITS = {(4, 3): "e4m3", (8, 0): "e8m0"}
+BLOCK_SCALE_BITS: Dict[Tuple[int, int], str] = {(4, 3): "e4m3", (8, 0): "e8m0"}
 #: (num_bits, exponent_bits) of the block-wise float elements -> largest finite value.
-BLOCK_FLOAT_FORMATS = {(1 + e + m, e): value for (e, m), value in FLOAT_FORMAT_MAX.items()}
+BLOCK_FLOAT_FORMATS: Dict[Tuple[int, int], float] = {(1 + e + m, e): value for (e, m), value in FLOAT_FORMAT_MAX.items()}
 
 
 # The library's ranges of every width, read once: looking them up is plain Python,
 # which torch.compile traces (it cannot trace a call into the C library).
-_RANGES = {(bits, unsigned, narrow): _C.amax_range(bits, unsigned, narrow)
+_RANGES: Dict[Tuple[int, bool, bool], Tuple[int, int]] = {(bits, unsigned, narrow): _C.amax_range(bits, unsigned, narrow)
            for bits in range(MIN_NUM_BITS, MAX_NUM_BITS + 1) for unsigned in (False, True) for narrow in (False, True)}
 
 
-def amax_range(num_bits: int, unsigned: bool = False, narrow_range: bool = True):
+def amax_range(num_bits: int, unsigned: bool = False, narrow_range: bool = True) -> Tuple[int, int]:
     """``(quant_min, quant_max)`` of the amax family: ``[0, bound]`` unsigned,
     ``[-bound, bound]`` narrow, else ``[-bound - 1, bound]``. ValueError/TypeError
     (the library's) for a ``num_bits`` the operators do not take."""
@@ -54,7 +58,7 @@ def amax_bound(num_bits: int, unsigned: bool = False) -> int:
     return amax_range(num_bits, unsigned)[1]
 
 
-def float_format_max(fmt) -> float:
+def float_format_max(fmt: Sequence[int]) -> float:
     """The largest finite value of the float format ``(E, M)``."""
     return FLOAT_FORMAT_MAX[tuple(fmt)]
 

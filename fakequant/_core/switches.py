@@ -3,10 +3,13 @@
 while an exporter runs. Nothing here is a class attribute or a global, so an
 export on one thread does not change what another thread computes.
 """
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import threading
 import warnings
+from typing import Any, Iterator, Optional
 
 from .validation import check_bool
 
@@ -29,8 +32,8 @@ class ExportOptions:
 
 
 class _State(threading.local):
-    def __init__(self):
-        self.options = None  # ExportOptions or None (the defaults)
+    def __init__(self) -> None:
+        self.options: Optional[ExportOptions] = None  # ExportOptions or None (the defaults)
         self.onnx_export = False  # inside enable_onnx_export (or fakequant.onnx.export)
         self.translations = False  # inside fakequant.onnx.export or enable_onnx_export
 
@@ -44,7 +47,7 @@ def current_export_options() -> ExportOptions:
 
 
 @contextlib.contextmanager
-def export_options(**changes):
+def export_options(**changes: Any) -> Iterator[ExportOptions]:
     """Context manager that sets :class:`ExportOptions` fields for the exports inside it
     (on this thread)."""
     fields = {f.name for f in dataclasses.fields(ExportOptions)}
@@ -79,7 +82,7 @@ def translations_supplied() -> bool:
 
 
 @contextlib.contextmanager
-def enable_onnx_export(clip_narrow_range=True):
+def enable_onnx_export(clip_narrow_range: bool = True) -> Iterator[None]:
     """Context manager for ``torch.onnx.export`` of a quantized model (this thread only).
 
     Inside it every enabled quantizer checks that it has an amax (a quantizer

@@ -1,16 +1,22 @@
 """Argument validation, each rule once. Errors name the argument, the value and
 what is allowed (TypeError for a wrong type, ValueError for a wrong value)."""
+from __future__ import annotations
+
 import math
 import numbers
+from typing import TYPE_CHECKING, Any, List, Literal, Optional, Tuple, Union, overload
 
 from .constants import FLOAT_FORMAT_MAX, FP8_FORMATS, MAX_NUM_BITS, MIN_NUM_BITS
 from .errors import TypeAndValueError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["is_int", "check_tensor", "check_int", "check_float", "check_bool", "check_num_bits",
            "check_integer_num_bits", "check_fp8_format", "normalize_axis", "resolve_axes"]
 
 
-def is_int(value) -> bool:
+def is_int(value: object) -> bool:
     """An integer that is not a bool."""
     kind = type(value)
     if kind is int:  # the common case first: these checks run on every operator call
@@ -18,13 +24,13 @@ def is_int(value) -> bool:
     return kind is not bool and isinstance(value, numbers.Integral)
 
 
-def check_tensor(value, name: str):
+def check_tensor(value: Any, name: str) -> torch.Tensor:
     if not isinstance(value, _tensor_type()):
         raise TypeError(f"fakequant: {name} must be a torch.Tensor, got {type(value).__name__}")
     return value
 
 
-def _tensor_type():
+def _tensor_type() -> type[torch.Tensor]:
     # torch is imported here, not with this module (fakequant._core imports without
     # torch); no global is cached, since a global set after a first torch.compile trace
     # would fail that trace's guard and recompile it.
@@ -33,7 +39,15 @@ def _tensor_type():
     return torch.Tensor
 
 
-def check_int(value, name: str, optional: bool = False):
+@overload
+def check_int(value: Any, name: str, optional: Literal[False] = ...) -> int: ...
+
+
+@overload
+def check_int(value: Any, name: str, optional: bool) -> Optional[int]: ...
+
+
+def check_int(value: Any, name: str, optional: bool = False) -> Optional[int]:
     """``value`` as an int (None too, when ``optional``)."""
     if optional and value is None:
         return None
@@ -42,7 +56,7 @@ def check_int(value, name: str, optional: bool = False):
     return int(value)
 
 
-def check_float(value, name: str) -> float:
+def check_float(value: Any, name: str) -> float:
     """``value`` as a finite float."""
     if type(value) is float and math.isfinite(value):
         return value
@@ -54,7 +68,7 @@ def check_float(value, name: str) -> float:
     return value
 
 
-def check_bool(value, name: str) -> bool:
+def check_bool(value: Any, name: str) -> bool:
     if value is not True and value is not False:
         raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
     return value
@@ -67,20 +81,20 @@ def _check_bits_range(num_bits: int, name: str, formats_too: bool) -> int:
     return int(num_bits)
 
 
-def check_integer_num_bits(num_bits, name: str = "num_bits") -> int:
+def check_integer_num_bits(num_bits: Any, name: str = "num_bits") -> int:
     """An integer width the operators implement: an int in [MIN_NUM_BITS, MAX_NUM_BITS]."""
     if not is_int(num_bits):
         raise TypeError(f"{name} must be an int, got {num_bits!r}")
     return _check_bits_range(num_bits, name, formats_too=False)
 
 
-def _pq_num_bits_text(num_bits) -> str:
+def _pq_num_bits_text(num_bits: object) -> str:
     # pytorch-quantization 2.2.1's words for a num_bits that is neither an int nor
     # (4, 3) (a TypeError there), kept inside ours for scripts that match them.
     return f"num_bits must be a postive integer or tuple (4,3), not {type(num_bits)}"
 
 
-def check_num_bits(num_bits, name: str = "num_bits"):
+def check_num_bits(num_bits: Any, name: str = "num_bits") -> Union[int, Tuple[int, int]]:
     """Validates a descriptor's ``num_bits``: an integer width (as
     :func:`check_integer_num_bits`) or an ``(E, M)`` tuple of a supported float
     format; returns it normalised (lists become tuples). A tuple of two ints that
@@ -100,7 +114,7 @@ def check_num_bits(num_bits, name: str = "num_bits"):
     )
 
 
-def check_fp8_format(exponent_bits, mantissa_bits):
+def check_fp8_format(exponent_bits: Any, mantissa_bits: Any) -> Tuple[int, int]:
     """``(exponent_bits, mantissa_bits)`` of an FP8 or FP6 format: (4, 3) E4M3, (5, 2)
     E5M2, (3, 2) E3M2 or (2, 3) E2M3."""
     exponent_bits = check_int(exponent_bits, "exponent_bits")
@@ -113,7 +127,7 @@ def check_fp8_format(exponent_bits, mantissa_bits):
     return exponent_bits, mantissa_bits
 
 
-def resolve_axes(axes, ndim: int, what: str = "axis"):
+def resolve_axes(axes: Any, ndim: int, what: str = "axis") -> List[int]:
     """The non-negative positions (a list, in the given order) of ``axes`` (an int or a
     sequence of ints, negative ones counted from the end) in a tensor of ``ndim`` dimensions."""
     given = (axes,) if is_int(axes) else tuple(axes)
@@ -127,7 +141,7 @@ def resolve_axes(axes, ndim: int, what: str = "axis"):
     return out
 
 
-def normalize_axis(axis):
+def normalize_axis(axis: Any) -> Optional[Union[int, Tuple[int, ...]]]:
     """None, an int, or a tuple of distinct ints (a list becomes a tuple)."""
     if axis is None:
         return None

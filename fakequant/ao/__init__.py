@@ -12,6 +12,9 @@ float16/bfloat16 too. The one-line switch of a torch.ao QAT script::
 For torchao's PT2E QAT (``prepare_qat_pt2e``) use :mod:`fakequant.ao.pt2e`, whose classes
 derive from torchao's.
 """
+from __future__ import annotations
+
+import torch
 from torch.ao.quantization import FakeQuantize as _TorchFakeQuantize
 from torch.ao.quantization import FusedMovingAvgObsFakeQuantize as _TorchFused
 from torch.ao.quantization import QConfig
@@ -35,7 +38,11 @@ class LearnableFakeQuantize(LearnableForward, _TorchLearnable):
     """``torch.ao.quantization._learnable_fake_quantize._LearnableFakeQuantize`` (LSQ+) with
     fakequant's learnable operators."""
 
-    def _observe(self, X):
+    # Buffers registered by torch's constructor (torch declares no type for them).
+    static_enabled: torch.Tensor
+    eps: torch.Tensor
+
+    def _observe(self, X: torch.Tensor) -> None:
         # torch's: the observer sets scale and zero point while static_enabled, else the
         # scale is kept above eps.
         if self.static_enabled[0] == 1:

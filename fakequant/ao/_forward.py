@@ -3,15 +3,29 @@
 mixin placed before the framework's class, whose constructor, buffers, ``with_args``,
 ``calculate_qparams`` and state_dict it keeps; only the arithmetic moves to fakequant's
 operators."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
 import torch
 
 from .. import ops
+
+if TYPE_CHECKING:
+    # The torch.ao classes the mixins below are placed before (base classes for the type
+    # checker only: at run time the mixins derive from object). torchao's PT2E classes
+    # have the same attributes.
+    from torch.ao.quantization import FakeQuantize as _FakeQuantizeBase
+    from torch.ao.quantization import FusedMovingAvgObsFakeQuantize as _FusedBase
+    from torch.ao.quantization._learnable_fake_quantize import _LearnableFakeQuantize as _LearnableBase
+else:
+    _FakeQuantizeBase = _FusedBase = _LearnableBase = object
 
 _SYMMETRIC = (torch.per_tensor_symmetric, torch.per_channel_symmetric)
 _PER_CHANNEL = (torch.per_channel_symmetric, torch.per_channel_affine, torch.per_channel_affine_float_qparams)
 
 
-class FakeQuantizeForward:
+class FakeQuantizeForward(_FakeQuantizeBase):
     """Observer (any), then fake quantization with its scale and zero point."""
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
@@ -31,7 +45,7 @@ class FakeQuantizeForward:
         return X
 
 
-class FusedForward:
+class FusedForward(_FusedBase):
     """The moving-average min/max observer and fake quantization as one operator."""
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
@@ -42,10 +56,13 @@ class FusedForward:
             self.is_per_channel, self.is_symmetric_quant)
 
 
-class LearnableForward:
+class LearnableForward(_LearnableBase):
     """LSQ+: scale and zero point are parameters; the gradients of both times
     ``1 / sqrt(numel * quant_max)`` with ``use_grad_scaling``. Each family initialises
     them from its observer in its own way (``_observe``), then fake-quantizes here."""
+
+    if TYPE_CHECKING:
+        def _observe(self, X: torch.Tensor) -> None: ...
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         self._observe(X)
@@ -62,13 +79,13 @@ class LearnableForward:
         return X
 
 
-def swap_classes(wrapper, mapping):
+def swap_classes(wrapper: Any, mapping: Mapping[Any, Any]) -> Any:
     """A ``with_args`` constructor of ``mapping``'s replacement for the class ``wrapper``
     builds, with the same arguments; ``wrapper`` itself when its class has none (an
     observer, say) or when it is no ``with_args`` wrapper or class."""
     if isinstance(wrapper, type):
         return mapping.get(wrapper, wrapper)
-    partial = getattr(wrapper, "p", None)
+    partial: Any = getattr(wrapper, "p", None)
     cls = getattr(partial, "func", None)
     if cls not in mapping or partial.args:
         return wrapper

@@ -1,11 +1,14 @@
 """Base class of the calibrators."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from .._core import check_bool, check_num_bits, normalize_axis, resolve_axes
 
 __all__ = ["_Calibrator"]
 
 
-def normalize_kept_axes(axis, ndim):
+def normalize_kept_axes(axis: Optional[Union[int, Sequence[int]]], ndim: int) -> Tuple[int, ...]:
     """The (sorted, non-negative) axes kept by a calibrator with ``axis`` on an
     ``ndim``-dimensional tensor: () for per-tensor."""
     if axis is None:
@@ -22,34 +25,39 @@ class _Calibrator:
         unsigned: whether the quantization is unsigned.
     """
 
-    def __init__(self, num_bits=8, axis=None, unsigned=False):
+    def __init__(
+        self,
+        num_bits: Union[int, Tuple[int, int]] = 8,
+        axis: Optional[Union[int, Sequence[int]]] = None,
+        unsigned: bool = False,
+    ) -> None:
         self._num_bits = check_num_bits(num_bits)
         self._axis = normalize_axis(axis)
         self._unsigned = check_bool(unsigned, "unsigned")
 
     @property
-    def axis(self):
+    def axis(self) -> Optional[Union[int, Tuple[int, ...]]]:
         return self._axis
 
     @property
-    def num_bits(self):
+    def num_bits(self) -> Union[int, Tuple[int, int]]:
         return self._num_bits
 
     @property
-    def unsigned(self):
+    def unsigned(self) -> bool:
         return self._unsigned
 
-    def collect(self, x):
+    def collect(self, x: Any) -> None:
         """Accumulates statistics of tensor ``x``."""
         raise NotImplementedError
 
-    def reset(self):
+    def reset(self) -> None:
         """Forgets everything collected."""
         raise NotImplementedError
 
-    def compute_amax(self, *args, **kwargs):
+    def compute_amax(self, *args: Any, **kwargs: Any) -> Any:
         """The amax (a tensor) of what was collected, or None if nothing was."""
         raise NotImplementedError
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"num_bits={self._num_bits} axis={self._axis} unsigned={self._unsigned}"

@@ -8,17 +8,22 @@ vectorised over all candidate amax values, so the entropy search is
 O(candidates x quantization levels) tensor arithmetic instead of
 pytorch-quantization's O(bins^2) Python loop.
 """
+from __future__ import annotations
+
 import contextlib
 import math
 import numbers
 import warnings
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from .. import _core, ops
 from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["HistogramCalibrator", "calibrate_weights"]
 
@@ -33,7 +38,7 @@ METHODS = ("entropy", "mse", "percentile", "max")
 
 
 @contextlib.contextmanager
-def _one_thread():
+def _one_thread() -> Iterator[None]:
     """Runs the amax searches on the calling thread only. Their tensors are
     small (a few hundred thousand elements): a thread pool cannot speed them up,
     but waking it costs milliseconds per op when the machine is busy."""
@@ -48,7 +53,7 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def _check_positive_int(value, name, minimum=1):
+def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
@@ -71,8 +76,18 @@ class HistogramCalibrator(_Calibrator):
             (pytorch-quantization's); a :class:`~fakequant.nn.TensorQuantizer` passes its own.
     """
 
-    def __init__(self, num_bits=8, axis=None, unsigned=False, num_bins=2048, grow_method=None,
-                 skip_zeros=False, torch_hist=True, *, narrow_range=True):
+    def __init__(
+        self,
+        num_bits: Union[int, Tuple[int, int]] = 8,
+        axis: Optional[Union[int, Sequence[int]]] = None,
+        unsigned: bool = False,
+        num_bins: int = 2048,
+        grow_method: Optional[str] = None,
+        skip_zeros: bool = False,
+        torch_hist: bool = True,
+        *,
+        narrow_range: bool = True,
+    ) -> None:
         super().__init__(num_bits, axis, unsigned)
         self._narrow_range = _core.check_bool(narrow_range, "narrow_range")
         self._num_bins = _check_positive_int(num_bins, "num_bins", 2)
@@ -84,30 +99,32 @@ class HistogramCalibrator(_Calibrator):
         self.reset()
 
     # -- state -----------------------------------------------------------------
-    def reset(self):
+    def reset(self) -> None:
         """Forgets the collected histograms."""
-        self._hist = None  # int64 [channels, bins] on the collected tensors' device
-        self._width = None  # float64 [channels] (CPU): bin width, 0 until a nonzero value is seen
-        self._used = None  # int64 [channels] (CPU): bins in use per channel
-        self._max = None  # float64 [channels] (CPU): largest |x| seen
-        self._amax_shape = None  # shape of the amax compute_amax returns
-        self._channel_shape = None
-        self._ndim = None
-        self._local = None  # this rank's own state while the fields above hold a sync()'s merge
+        # (all None until the first tensor is collected, then all set)
+        self._hist: Optional[torch.Tensor] = None  # int64 [channels, bins] on the collected tensors' device
+        self._width: Optional[torch.Tensor] = None  # float64 [channels] (CPU): bin width, 0 until a nonzero value is seen
+        self._used: Optional[torch.Tensor] = None  # int64 [channels] (CPU): bins in use per channel
+        self._max: Optional[torch.Tensor] = None  # float64 [channels] (CPU): largest |x| seen
+        self._amax_shape: Optional[Sequence[int]] = None  # shape of the amax compute_amax returns
+        self._channel_shape: Optional[Tuple[int, ...]] = None
+        self._ndim: Optional[int] = None
+        self._local: Optional[Tuple[Any, ...]] = None  # this rank's own state while the fields above hold a sync()'s merge
 
     @property
-    def num_bins(self):
+    def num_bins(self) -> int:
         return self._num_bins
 
     @property
-    def skip_zeros(self):
+    def skip_zeros(self) -> bool:
         return self._skip_zeros
 
     @property
-    def narrow_range(self):
+    def narrow_range(self) -> bool:
         return self._narrow_range
 
     def _edges(self, c: int) -> torch.Tensor:
+        assert self._used is not None and self._width is not None  # (something was collected)
         n = int(self._used[c])
         return (torch.arange(n + 1, dtype=torch.float64) * float(self._width[c])).float()
 
@@ -117,11 +134,12 @@ class HistogramCalibrator(_Calibrator):
         if self._hist is None:
             return None
         if self._hist.shape[0] == 1:
+            assert self._used is not None  # (set with _hist)
             return self._hist[0, : int(self._used[0])]
         return self._hist
 
     @property
-    def _calib_bin_edges(self) -> Optional[torch.Tensor]:
+    def _calib_bin_edges(self) -> Optional[Union[torch.Tensor, List[torch.Tensor]]]:
         """The bin edges (float32, CPU) per tensor; a list of them per channel."""
         if self._hist is None:
             return None
@@ -129,7 +147,7 @@ class HistogramCalibrator(_Calibrator):
         return edges[0] if len(edges) == 1 else edges
 
     # -- collection ------------------------------------------------------------
-    def _as_channels(self, x: torch.Tensor):
+    def _as_channels(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, ...], Sequence[int]]:
         """``x`` as [channels, values], the channel shape, and the shape of its amax."""
         kept = normalize_kept_axes(self._axis, x.dim())
         if not kept:
@@ -140,14 +158,14 @@ class HistogramCalibrator(_Calibrator):
         amax_shape = [x.shape[d] if d in kept else 1 for d in range(x.dim())]
         return xc, channel_shape, amax_shape
 
-    def collect(self, x):
+    def collect(self, x: torch.Tensor) -> None:
         """Adds ``|x|`` to the histogram(s)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"HistogramCalibrator.collect expects a tensor, got {type(x).__name__}")
         with torch.no_grad():
             self._collect(x.detach())
 
-    def _collect(self, x):
+    def _collect(self, x: torch.Tensor) -> None:
         if getattr(self, "_local", None) is not None:  # collecting after a sync(): from this rank's own data
             self._restore_local()
         xc, channel_shape, amax_shape = self._as_channels(x)
@@ -177,6 +195,7 @@ class HistogramCalibrator(_Calibrator):
             self._max = torch.zeros(channels, dtype=torch.float64)
             self._channel_shape, self._ndim = channel_shape, x.dim()
             self._amax_shape = amax_shape
+        assert self._width is not None and self._used is not None and self._max is not None  # (set with _hist)
         self._max = torch.maximum(self._max, batch_max)
 
         fresh = (self._width == 0) & (batch_max > 0)
@@ -197,7 +216,8 @@ class HistogramCalibrator(_Calibrator):
         else:
             self._count_per_channel(a)
 
-    def _count_per_tensor(self, a, batch_max):
+    def _count_per_tensor(self, a: torch.Tensor, batch_max: float) -> None:
+        assert self._hist is not None and self._used is not None and self._width is not None  # (_collect set them)
         used, width = int(self._used[0]), float(self._width[0])
         if width == 0.0:  # only zeros so far: they all belong to bin 0
             if not self._skip_zeros:
@@ -214,7 +234,8 @@ class HistogramCalibrator(_Calibrator):
                 counts[0] -= (part == 0).sum()
         self._hist[0, :used] += counts
 
-    def _count_per_channel(self, a):
+    def _count_per_channel(self, a: torch.Tensor) -> None:
+        assert self._hist is not None and self._used is not None and self._width is not None  # (_collect set them)
         channels, bins = self._hist.shape
         device = a.device
         width = self._width.to(device=device, dtype=torch.float32)
@@ -239,12 +260,13 @@ class HistogramCalibrator(_Calibrator):
     # -- torch.distributed -----------------------------------------------------
     _STATE = ("_hist", "_width", "_used", "_max", "_amax_shape", "_channel_shape", "_ndim")
 
-    def _restore_local(self):
+    def _restore_local(self) -> None:
+        assert self._local is not None  # (the callers checked)
         for name, value in zip(self._STATE, self._local):
             setattr(self, name, value)
         self._local = None
 
-    def sync(self, group=None):
+    def sync(self, group: Optional[ProcessGroup] = None) -> None:
         """Merges the histograms of every rank of ``group`` (default: the world)
         of torch.distributed, so that :meth:`compute_amax` gives every rank the
         same amax: the amax of all the data the ranks collected.
@@ -267,6 +289,7 @@ class HistogramCalibrator(_Calibrator):
             self._restore_local()
         mine = None
         if self._hist is not None:
+            assert self._width is not None and self._used is not None and self._max is not None  # (set with _hist)
             mine = (self._channel_shape, self._amax_shape, self._ndim, self._hist.shape[0],
                     self._width.clone(), self._used.clone(), self._max.clone())
         metas = _distributed.all_gather_object(mine, group)
@@ -293,6 +316,7 @@ class HistogramCalibrator(_Calibrator):
         bins = int(used.max())
 
         if self._hist is not None:
+            assert self._width is not None and self._used is not None  # (set with _hist)
             local = self._rebin(self._hist.cpu(), self._width, self._used, width, used, bins)
             device = self._hist.device
         else:
@@ -305,7 +329,8 @@ class HistogramCalibrator(_Calibrator):
         self._amax_shape, self._channel_shape, self._ndim = amax_shape, channel_shape, ndim
 
     @staticmethod
-    def _rebin(hist, width, used, new_width, new_used, bins):
+    def _rebin(hist: torch.Tensor, width: torch.Tensor, used: torch.Tensor, new_width: torch.Tensor,
+               new_used: torch.Tensor, bins: int) -> torch.Tensor:
         """``hist`` ([channels, *] int64 counts of bins ``width`` wide) laid on bins
         ``new_width`` wide (>= ``width``), ``bins`` columns, in whole counts."""
         channels = hist.shape[0]
@@ -330,7 +355,9 @@ class HistogramCalibrator(_Calibrator):
         return out
 
     # -- amax ------------------------------------------------------------------
-    def compute_amax(self, method: str, *, stride: int = 1, start_bin: int = 128, percentile: float = 99.99):
+    def compute_amax(
+        self, method: str, *, stride: int = 1, start_bin: int = 128, percentile: float = 99.99
+    ) -> Optional[torch.Tensor]:
         """The amax chosen from the collected histogram(s).
 
         Args:
@@ -373,8 +400,9 @@ class HistogramCalibrator(_Calibrator):
         amax = amax.reshape(()) if not self._channel_shape else amax.reshape(self._amax_shape)
         return amax.to(self._hist.device)
 
-    def _search(self, hist, method, stride, start_bin, percentile):
-        out = []
+    def _search(self, hist: torch.Tensor, method: str, stride: int, start_bin: int, percentile: float) -> List[float]:
+        assert self._used is not None and self._width is not None and self._max is not None  # (set with _hist)
+        out: List[float] = []
         for c in range(hist.shape[0]):
             n = int(self._used[c])
             width = float(self._width[c])
@@ -387,19 +415,22 @@ class HistogramCalibrator(_Calibrator):
             elif method == "percentile":
                 out.append(_percentile_amax(h, width, percentile))
             elif method == "entropy":
+                assert isinstance(self._num_bits, int)  # (compute_amax refuses float formats here)
                 out.append(_entropy_amax(h, width, self._num_bits, self._unsigned, stride, start_bin))
             else:
+                assert isinstance(self._num_bits, int)  # (compute_amax refuses float formats here)
                 out.append(_mse_amax(h, width, self._num_bits, self._unsigned, self._narrow_range, stride,
                                      start_bin))
         return out
 
-    def __str__(self):
+    def __str__(self) -> str:
         if self._hist is None:
             return "HistogramCalibrator(calib_bin_edges=None)"
+        assert self._used is not None and self._max is not None  # (set with _hist)
         return (f"HistogramCalibrator(channels={self._hist.shape[0]}, bins={int(self._used.max())}, "
                 f"max={float(self._max.max()):.4g})")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"HistogramCalibrator({super().__repr__()} num_bins={self._num_bins} "
                 f"skip_zeros={self._skip_zeros} collected={self._hist is not None})")
 
@@ -519,7 +550,13 @@ def _mse_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, narr
 # --- weights -------------------------------------------------------------------
 
 
-def calibrate_weights(model, method="percentile", perchannel=True, percentile=99.99, num_bins=2048):
+def calibrate_weights(
+    model: torch.nn.Module,
+    method: str = "percentile",
+    perchannel: bool = True,
+    percentile: float = 99.99,
+    num_bins: int = 2048,
+) -> None:
     """Sets the weight amax of every quantized module in ``model`` from its weight.
 
     Args:

@@ -1,9 +1,16 @@
 """Max calibrator: the absolute maximum over everything collected."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+
 import torch
 
 from .._core import ValueAndRuntimeError, check_bool
 from . import _distributed
 from .calibrator import _Calibrator, normalize_kept_axes
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["MaxCalibrator"]
 
@@ -21,18 +28,24 @@ class MaxCalibrator(_Calibrator):
     not synchronise with the device (unless ``track_amax``).
     """
 
-    def __init__(self, num_bits=8, axis=None, unsigned=False, track_amax=False):
+    def __init__(
+        self,
+        num_bits: Union[int, Tuple[int, int]] = 8,
+        axis: Optional[Union[int, Sequence[int]]] = None,
+        unsigned: bool = False,
+        track_amax: bool = False,
+    ) -> None:
         super().__init__(num_bits, axis, unsigned)
         self._track_amax = check_bool(track_amax, "track_amax")
-        self._amaxs = [] if track_amax else None
-        self._calib_amax = None
+        self._amaxs: Optional[List[torch.Tensor]] = [] if track_amax else None
+        self._calib_amax: Optional[torch.Tensor] = None
 
     @property
-    def amaxs(self):
+    def amaxs(self) -> Optional[List[torch.Tensor]]:
         """The amax of each collected tensor (CPU tensors), if ``track_amax``."""
         return self._amaxs
 
-    def collect(self, x, kept_axes=None):
+    def collect(self, x: torch.Tensor, kept_axes: Optional[Union[int, Sequence[int]]] = None) -> None:
         """Updates the running amax with tensor ``x``.
 
         Args:
@@ -75,15 +88,16 @@ class MaxCalibrator(_Calibrator):
                     local = local.to(self._calib_amax.device)
                 torch.maximum(self._calib_amax, local, out=self._calib_amax)
             if self._track_amax:
+                assert self._amaxs is not None  # (a list with track_amax)
                 self._amaxs.append(local.cpu())
 
-    def reset(self):
+    def reset(self) -> None:
         """Forgets the collected amax."""
         self._calib_amax = None
         if self._track_amax:
             self._amaxs = []
 
-    def sync(self, group=None):
+    def sync(self, group: Optional[ProcessGroup] = None) -> None:
         """Makes the amax the max over every rank of ``group`` (default: the
         world) of torch.distributed: an all-reduce with MAX, so every rank ends
         with the same amax, ranks that collected nothing too. A collective:
@@ -106,14 +120,14 @@ class MaxCalibrator(_Calibrator):
             local = torch.zeros(known[0], dtype=torch.float32, device=device)
         self._calib_amax = _distributed.all_reduce(local, "max", group)
 
-    def compute_amax(self):
+    def compute_amax(self) -> Optional[torch.Tensor]:
         """The amax of everything collected, or None if nothing was. Under
         torch.distributed call :meth:`sync` first (``fakequant.calibrate`` and
         ``fakequant.utils.compute_amax`` do) so that every rank gets the same amax."""
         return self._calib_amax
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"MaxCalibrator(track_amax={self._track_amax})"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"MaxCalibrator({super().__repr__()} calib_amax={self._calib_amax} track_amax={self._track_amax})"

@@ -1,12 +1,16 @@
 """Absolute maximum of a tensor over some axes, numpy style."""
+from __future__ import annotations
+
 import numbers
+
+from typing import Any, List, Optional, Sequence, Union
 
 import torch
 
 __all__ = ["reduce_amax"]
 
 
-def _reduce_dims(axis, ndim):
+def _reduce_dims(axis: Any, ndim: int) -> List[int]:
     if axis is None:
         return list(range(ndim))
     axes = [axis] if isinstance(axis, numbers.Integral) and not isinstance(axis, bool) else axis
@@ -26,7 +30,9 @@ def _reduce_dims(axis, ndim):
     return dims
 
 
-def reduce_amax(input, axis=None, keepdims=True):
+def reduce_amax(
+    input: torch.Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = True
+) -> torch.Tensor:
     """``max(|input|)`` over ``axis`` (None: all axes; an int; or a tuple of ints).
 
     With ``keepdims`` the reduced axes stay with size 1; a result with a

@@ -1,15 +1,18 @@
 """Mixins that give a module its input (and weight) quantizers."""
+from __future__ import annotations
+
 import copy
+from typing import Any, Dict, List, Literal, Optional, Tuple, Type, Union, cast, overload
 
 from torch import nn
 
-from ..tensor_quant import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
+from ..tensor_quant import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor, ScaledQuantDescriptor
 from .tensor_quantizer import TensorQuantizer
 
 __all__ = ["QuantMixin", "QuantInputMixin", "pop_quant_desc_in_kwargs"]
 
 
-def _check_desc(value, name):
+def _check_desc(value: Any, name: str) -> ScaledQuantDescriptor:
     if not isinstance(value, QuantDescriptor):
         raise TypeError(f"{name} must be a QuantDescriptor, got {value!r} ({type(value).__name__})")
     if not value.fake_quant:
@@ -25,21 +28,23 @@ class QuantInputMixin:
     :meth:`set_default_quant_desc_input`.
     """
 
-    default_quant_desc_input = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_input: ScaledQuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
+    # Set by init_quantizer (a submodule of the nn.Module this is mixed into).
+    _input_quantizer: TensorQuantizer
 
     @classmethod
-    def set_default_quant_desc_input(cls, value):
+    def set_default_quant_desc_input(cls, value: ScaledQuantDescriptor) -> None:
         """Sets this class's default input descriptor (a copy of ``value``)."""
         cls.default_quant_desc_input = copy.deepcopy(_check_desc(value, "quant_desc_input"))
 
-    def init_quantizer(self, quant_desc_input):
+    def init_quantizer(self, quant_desc_input: ScaledQuantDescriptor) -> None:
         """Creates ``self._input_quantizer`` from ``quant_desc_input``."""
         _check_desc(quant_desc_input, "quant_desc_input")
         self._fake_quant = True
         self._input_quantizer = TensorQuantizer(quant_desc_input)
 
     @property
-    def input_quantizer(self):
+    def input_quantizer(self) -> TensorQuantizer:
         return self._input_quantizer
 
 
@@ -51,20 +56,31 @@ class QuantMixin:
     :meth:`set_default_quant_desc_input` / :meth:`set_default_quant_desc_weight`.
     """
 
-    default_quant_desc_input = QUANT_DESC_8BIT_PER_TENSOR
-    default_quant_desc_weight = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_input: ScaledQuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_weight: ScaledQuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
+    # Set by init_quantizer (submodules of the nn.Module this is mixed into): one of each,
+    # or with num_layers a list of each.
+    _input_quantizer: TensorQuantizer
+    _weight_quantizer: TensorQuantizer
+    _input_quantizers: nn.ModuleList
+    _weight_quantizers: nn.ModuleList
 
     @classmethod
-    def set_default_quant_desc_input(cls, value):
+    def set_default_quant_desc_input(cls, value: ScaledQuantDescriptor) -> None:
         """Sets this class's default input descriptor (a copy of ``value``)."""
         cls.default_quant_desc_input = copy.deepcopy(_check_desc(value, "quant_desc_input"))
 
     @classmethod
-    def set_default_quant_desc_weight(cls, value):
+    def set_default_quant_desc_weight(cls, value: ScaledQuantDescriptor) -> None:
         """Sets this class's default weight descriptor (a copy of ``value``)."""
         cls.default_quant_desc_weight = copy.deepcopy(_check_desc(value, "quant_desc_weight"))
 
-    def init_quantizer(self, quant_desc_input, quant_desc_weight, num_layers=None):
+    def init_quantizer(
+        self,
+        quant_desc_input: ScaledQuantDescriptor,
+        quant_desc_weight: ScaledQuantDescriptor,
+        num_layers: Optional[int] = None,
+    ) -> None:
         """Creates the quantizers: ``_input_quantizer`` and ``_weight_quantizer``,
         or with ``num_layers`` the lists ``_input_quantizers`` / ``_weight_quantizers``."""
         _check_desc(quant_desc_input, "quant_desc_input")
@@ -79,20 +95,41 @@ class QuantMixin:
                 raise ValueError(f"num_layers must be a positive int or None, got {num_layers!r}")
             self._input_quantizers = nn.ModuleList(TensorQuantizer(quant_desc_input) for _ in range(num_layers))
             self._weight_quantizers = nn.ModuleList(TensorQuantizer(quant_desc_weight) for _ in range(num_layers))
-            weights = list(self._weight_quantizers)
+            # (nn.ModuleList is not generic: it holds the TensorQuantizers made just above)
+            weights = cast(List[TensorQuantizer], list(self._weight_quantizers))
         for q in weights:
             q._quantizes_weight = True  # see TensorQuantizer._load_calibrated_amax
 
     @property
-    def input_quantizer(self):
+    def input_quantizer(self) -> TensorQuantizer:
         return self._input_quantizer
 
     @property
-    def weight_quantizer(self):
+    def weight_quantizer(self) -> TensorQuantizer:
         return self._weight_quantizer
 
 
-def take_quant_descs(quant_cls, kwargs, input_only=False):
+@overload
+def take_quant_descs(
+    quant_cls: Type[Union[QuantMixin, QuantInputMixin]], kwargs: Dict[str, Any], input_only: Literal[True]
+) -> ScaledQuantDescriptor: ...
+
+
+@overload
+def take_quant_descs(
+    quant_cls: Type[QuantMixin], kwargs: Dict[str, Any], input_only: Literal[False] = ...
+) -> Tuple[ScaledQuantDescriptor, ScaledQuantDescriptor]: ...
+
+
+@overload
+def take_quant_descs(
+    quant_cls: Type[Union[QuantMixin, QuantInputMixin]], kwargs: Dict[str, Any], input_only: bool
+) -> Union[ScaledQuantDescriptor, Tuple[ScaledQuantDescriptor, ScaledQuantDescriptor]]: ...
+
+
+def take_quant_descs(
+    quant_cls: Any, kwargs: Dict[str, Any], input_only: bool = False
+) -> Union[ScaledQuantDescriptor, Tuple[ScaledQuantDescriptor, ScaledQuantDescriptor]]:
     """Pops ``quant_desc_input`` (and ``quant_desc_weight``) from the dict
     ``kwargs`` (defaults: ``quant_cls``'s), leaving the other keys."""
     desc_input = kwargs.pop("quant_desc_input", quant_cls.default_quant_desc_input)
@@ -103,7 +140,21 @@ def take_quant_descs(quant_cls, kwargs, input_only=False):
     return desc_input, kwargs.pop("quant_desc_weight", quant_cls.default_quant_desc_weight)
 
 
-def pop_quant_desc_in_kwargs(quant_cls, input_only=False, **kwargs):
+@overload
+def pop_quant_desc_in_kwargs(
+    quant_cls: Type[Union[QuantMixin, QuantInputMixin]], input_only: Literal[True], **kwargs: Any
+) -> ScaledQuantDescriptor: ...
+
+
+@overload
+def pop_quant_desc_in_kwargs(
+    quant_cls: Type[QuantMixin], input_only: Literal[False] = ..., **kwargs: Any
+) -> Tuple[ScaledQuantDescriptor, ScaledQuantDescriptor]: ...
+
+
+def pop_quant_desc_in_kwargs(
+    quant_cls: Any, input_only: bool = False, **kwargs: Any
+) -> Union[ScaledQuantDescriptor, Tuple[ScaledQuantDescriptor, ScaledQuantDescriptor]]:
     """The descriptors in ``kwargs`` (or ``quant_cls``'s defaults):
     ``quant_desc_input``, or ``(quant_desc_input, quant_desc_weight)``.
 

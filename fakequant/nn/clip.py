@@ -1,5 +1,8 @@
 """The ``Clip`` module: a clamp whose bounds can be learned (PACT)."""
+from __future__ import annotations
+
 import numbers
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple, Union
 
 import torch
 from torch import nn
@@ -7,10 +10,13 @@ from torch import nn
 from .._core import check_bool
 from .functional import clip
 
+if TYPE_CHECKING:
+    from typing import TypeGuard  # (Python >= 3.10; annotations only)
+
 __all__ = ["Clip"]
 
 
-def _bound(value, name, learn):
+def _bound(value: Any, name: str, learn: bool) -> torch.Tensor:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a number or a tensor, got a bool")
     if isinstance(value, numbers.Real):
@@ -27,7 +33,7 @@ def _bound(value, name, learn):
     raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
 
 
-def _plain(t):
+def _plain(t: object) -> TypeGuard[torch.Tensor]:
     # a tensor or a Parameter, not a subclass (a DTensor keeps its shape as it is)
     return type(t) in (torch.Tensor, nn.Parameter)
 
@@ -48,7 +54,17 @@ class Clip(nn.Module):
     shards no 0-dimensional parameter); a checkpoint of either shape loads into both.
     """
 
-    def __init__(self, clip_value_min, clip_value_max, learn_min=False, learn_max=False):
+    # Parameters (learnable) or non-persistent buffers, registered by __init__.
+    clip_value_min: torch.Tensor
+    clip_value_max: torch.Tensor
+
+    def __init__(
+        self,
+        clip_value_min: Union[float, torch.Tensor],
+        clip_value_max: Union[float, torch.Tensor],
+        learn_min: bool = False,
+        learn_max: bool = False,
+    ) -> None:
         super().__init__()
         for name, value, learn in (
             ("clip_value_min", clip_value_min, learn_min),
@@ -61,16 +77,16 @@ class Clip(nn.Module):
             else:
                 self.register_buffer(name, t, persistent=False)
 
-    def bounds(self):
+    def bounds(self) -> Tuple[torch.Tensor, ...]:
         """``(clip_value_min, clip_value_max)`` as the forward applies them: a learnable
         bound of shape ``(1,)`` is read through a 0-dimensional view (gradients reach it)."""
         return tuple(self._as_applied(name) for name in ("clip_value_min", "clip_value_max"))
 
-    def _as_applied(self, name):
+    def _as_applied(self, name: str) -> torch.Tensor:
         t = getattr(self, name)
         return t.reshape(()) if name in self._parameters and t.dim() == 1 else t
 
-    def learned_bounds_1d_(self):
+    def learned_bounds_1d_(self) -> int:
         """Holds every learnable bound as a parameter of shape ``(1,)`` (a new
         ``nn.Parameter``, same value and ``requires_grad``): FSDP2's ``fully_shard``
         rejects 0-dimensional parameters. The forward, its gradients and the exported
@@ -83,8 +99,9 @@ class Clip(nn.Module):
                 changed += 1
         return changed
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
+                              strict: bool, missing_keys: List[str], unexpected_keys: List[str],
+                              error_msgs: List[str]) -> None:
         # A learnable bound is one value, saved 0-dimensional or as shape (1,):
         # either loads into either.
         for name, p in self._parameters.items():
@@ -95,11 +112,11 @@ class Clip(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
-    def forward(self, inputs):
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return clip(inputs, *self.bounds())
 
-    def extra_repr(self):
-        def show(t):
+    def extra_repr(self) -> str:
+        def show(t: torch.Tensor) -> str:
             return f"{t.item():.4g}" if t.numel() == 1 else f"tensor{tuple(t.shape)}"
 
         return f"min={show(self.clip_value_min)}, max={show(self.clip_value_max)}"

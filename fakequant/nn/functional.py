@@ -1,4 +1,8 @@
 """Functional helpers of the quantized modules."""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple, Union
+
 import torch
 
 __all__ = ["ClipFunction", "clip"]
@@ -15,7 +19,8 @@ class ClipFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, input, clip_value_min, clip_value_max):
+    def forward(ctx: Any, input: torch.Tensor, clip_value_min: torch.Tensor,
+                clip_value_max: torch.Tensor) -> torch.Tensor:
         lo = clip_value_min.to(input.dtype)
         hi = clip_value_max.to(input.dtype)
         below = input <= lo
@@ -26,9 +31,11 @@ class ClipFunction(torch.autograd.Function):
         return torch.minimum(torch.maximum(input, lo), hi)
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         below, above = ctx.saved_tensors
-        grad_input = grad_min = grad_max = None
+        grad_input: Optional[torch.Tensor] = None
+        grad_min: Optional[torch.Tensor] = None
+        grad_max: Optional[torch.Tensor] = None
         if ctx.needs_input_grad[0]:
             grad_input = grad_output.masked_fill(below | above, 0)
         # Sum in float32 at least, so that float16 gradients do not overflow.
@@ -40,7 +47,7 @@ class ClipFunction(torch.autograd.Function):
         return grad_input, grad_min, grad_max
 
 
-def _as_bound(value, like, name):
+def _as_bound(value: Union[float, torch.Tensor], like: torch.Tensor, name: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value if value.device == like.device else value.to(like.device)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -48,7 +55,9 @@ def _as_bound(value, like, name):
     return torch.tensor(float(value), dtype=torch.float32, device=like.device)
 
 
-def clip(input, clip_value_min, clip_value_max):
+def clip(
+    input: torch.Tensor, clip_value_min: Union[float, torch.Tensor], clip_value_max: Union[float, torch.Tensor]
+) -> torch.Tensor:
     """Clamps ``input`` to ``[clip_value_min, clip_value_max]`` with PACT gradients
     for the bounds (see :class:`ClipFunction`). Bounds may be numbers or tensors."""
     lo = _as_bound(clip_value_min, input, "clip_value_min")

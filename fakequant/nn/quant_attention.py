@@ -10,7 +10,10 @@ quantizer disabled it computes what ``nn.MultiheadAttention`` computes outside
 torch's inference fast path (a fused kernel used in eval mode without autograd),
 operation for operation.
 """
+from __future__ import annotations
+
 import math
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import nn
@@ -40,19 +43,27 @@ class QuantMultiheadAttention(nn.MultiheadAttention, _utils.QuantMixin):
     default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 
-    def __init__(self, embed_dim, num_heads, *args, **kwargs):
+    def __init__(self, embed_dim: int, num_heads: int, *args: Any, **kwargs: Any) -> None:
         quant_desc_input, quant_desc_weight = _utils.take_quant_descs(type(self), kwargs)
         super().__init__(embed_dim, num_heads, *args, **kwargs)
         self.init_quantizer(quant_desc_input, quant_desc_weight)
 
     @staticmethod
-    def unsupported(module):
+    def unsupported(module: nn.MultiheadAttention) -> Optional[str]:
         """Why ``module`` (an ``nn.MultiheadAttention``) cannot be quantized, or None."""
         if module.bias_k is not None or module.add_zero_attn:
             return "bias_k/bias_v and add_zero_attn are not supported"
         return None
 
-    def init_quantizer(self, quant_desc_input, quant_desc_weight):
+    def init_quantizer(
+        self,
+        quant_desc_input: tensor_quant.ScaledQuantDescriptor,
+        quant_desc_weight: tensor_quant.ScaledQuantDescriptor,
+        num_layers: Optional[int] = None,
+    ) -> None:
+        # (num_layers: QuantMixin's signature; attention has one set of quantizers)
+        if num_layers is not None:
+            raise TypeError(f"QuantMultiheadAttention.init_quantizer takes no num_layers, got {num_layers!r}")
         reason = self.unsupported(self)
         if reason is not None:
             raise ValueError(f"QuantMultiheadAttention: {reason}")
@@ -71,9 +82,13 @@ class QuantMultiheadAttention(nn.MultiheadAttention, _utils.QuantMixin):
             quant_out.__dict__.update({k: (v.copy() if isinstance(v, (dict, list, set)) else v)
                                        for k, v in out_proj.__dict__.items()})
             quant_out.init_quantizer(quant_desc_input, quant_desc_weight)
-            self.out_proj = quant_out
+            # (ignore: torch infers out_proj's type from its __init__, NonDynamicallyQuantizableLinear;
+            # any nn.Linear serves, the attention reads out_proj's weight and bias only)
+            self.out_proj = quant_out  # type: ignore[assignment]
 
-    def _in_projection(self, query, key, value):
+    def _in_projection(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> Tuple[torch.Tensor, ...]:
         """q, k, v projected with the quantized weights (the packed projection shares
         one matrix product where the inputs are the same tensor, as torch does)."""
         E = self.embed_dim
@@ -94,8 +109,17 @@ class QuantMultiheadAttention(nn.MultiheadAttention, _utils.QuantMixin):
                 F.linear(key, self._k_weight_quantizer(self.k_proj_weight), b_k),
                 F.linear(value, self._v_weight_quantizer(self.v_proj_weight), b_v))
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: Optional[torch.Tensor] = None,
+        need_weights: bool = True,
+        attn_mask: Optional[torch.Tensor] = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         key_padding_mask = F._canonical_mask(mask=key_padding_mask, mask_name="key_padding_mask",
                                              other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
                                              target_type=query.dtype)

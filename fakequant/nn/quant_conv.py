@@ -8,11 +8,23 @@ class defaults (per-tensor input, per-output-channel weight: axis 0 of a
 convolution's weight ``(out, in / groups, *kernel)``, axis 1 of a transposed
 convolution's ``(in, out / groups, *kernel)``).
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+
+import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .. import tensor_quant
 from . import _utils
+
+if TYPE_CHECKING:
+    # What the mixins below find in the torch.nn convolution they are mixed into
+    # (a base class for the type checker only: at run time they derive from object).
+    from torch.nn.modules.conv import _ConvNd as _ConvBase, _ConvTransposeNd as _ConvTransposeBase
+else:
+    _ConvBase = _ConvTransposeBase = object
 
 __all__ = [
     "Conv1d", "QuantConv1d", "Conv2d", "QuantConv2d", "Conv3d", "QuantConv3d",
@@ -21,21 +33,21 @@ __all__ = [
 ]
 
 
-class _QuantConvNd(_utils.QuantMixin):
+class _QuantConvNd(_utils.QuantMixin, _ConvBase):
     """Shared forward of QuantConv1d/2d/3d."""
 
     default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         quant_desc_input, quant_desc_weight = _utils.take_quant_descs(type(self), kwargs)
         super().__init__(*args, **kwargs)
         self.init_quantizer(quant_desc_input, quant_desc_weight)
 
-    def _quant(self, input):
+    def _quant(self, input: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(quantized input, quantized weight)``."""
         return self._input_quantizer(input), self._weight_quantizer(self.weight)
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         quant_input, quant_weight = self._quant(input)
         # _conv_forward handles every padding_mode (zeros, reflect, replicate, circular).
         return self._conv_forward(quant_input, quant_weight, self.bias)
@@ -59,21 +71,26 @@ class QuantConv3d(_QuantConvNd, nn.Conv3d):
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
 
 
-class _QuantConvTransposeNd(_QuantConvNd):
+class _QuantConvTransposeNd(_QuantConvNd, _ConvTransposeBase):
     """Shared forward of QuantConvTranspose1d/2d/3d (construction and quantizers as
     _QuantConvNd)."""
 
-    _num_spatial_dims = 0
-    _conv_transpose = None
+    _num_spatial_dims: int = 0
+    _conv_transpose: Optional[Callable[..., torch.Tensor]] = None
 
-    def forward(self, input, output_size=None):
+    def forward(self, input: torch.Tensor, output_size: Optional[List[int]] = None) -> torch.Tensor:
         if self.padding_mode != "zeros":
             raise ValueError(f"{type(self).__name__} supports padding_mode='zeros' only, got {self.padding_mode!r}")
+        # (ignore: torch annotates _output_padding's sizes as lists, while the module holds them as
+        # tuples; torch's own ConvTranspose*d.forward ignores the same arg-type errors)
         output_padding = self._output_padding(
-            input, output_size, self.stride, self.padding, self.kernel_size, self._num_spatial_dims, self.dilation
+            input, output_size, self.stride, self.padding, self.kernel_size, self._num_spatial_dims,  # type: ignore[arg-type]
+            self.dilation,  # type: ignore[arg-type]
         )
         quant_input, quant_weight = self._quant(input)
-        return type(self)._conv_transpose(
+        conv_transpose = type(self)._conv_transpose
+        assert conv_transpose is not None  # (set by each subclass)
+        return conv_transpose(
             quant_input, quant_weight, self.bias, self.stride, self.padding, output_padding, self.groups,
             self.dilation,
         )

@@ -10,6 +10,10 @@ features). This module imports nothing from transformers:
 :func:`fakequant.quantize_model` converts ``Conv1D`` layers into it when
 transformers is loaded.
 """
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -33,7 +37,7 @@ class QuantConv1D(nn.Module, _utils.QuantMixin):
     default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 
-    def __init__(self, nf, nx, **kwargs):
+    def __init__(self, nf: int, nx: int, **kwargs: Any) -> None:
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(type(self), **kwargs)
         super().__init__()
         self.nf = nf
@@ -43,16 +47,16 @@ class QuantConv1D(nn.Module, _utils.QuantMixin):
         nn.init.normal_(self.weight, std=0.02)
         self.init_quantizer(quant_desc_input, quant_desc_weight)
 
-    def _weight_for_quantizer(self):
+    def _weight_for_quantizer(self) -> torch.Tensor:
         """The weight as the weight quantizer sees it: ``(out_features, in_features)``,
         a view of ``weight`` (the one place the transposition is written)."""
         return self.weight.t()
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         quant_x = self._input_quantizer(x)
         quant_w = self._weight_quantizer(self._weight_for_quantizer()).t()
         out = torch.addmm(self.bias, quant_x.reshape(-1, quant_x.size(-1)), quant_w)
         return out.view(*x.shape[:-1], self.nf)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"nf={self.nf}, nx={self.nx}"

@@ -1,7 +1,19 @@
 """Quantized pooling: the float pooling of the fake-quantized input."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
 from torch import nn
 
 from . import _utils
+
+if TYPE_CHECKING:
+    # The torch.nn module the mixin below is mixed into (a base class for the type
+    # checker only: at run time it derives from object).
+    _ModuleBase = nn.Module
+else:
+    _ModuleBase = object
 
 __all__ = [
     "MaxPool1d", "QuantMaxPool1d", "MaxPool2d", "QuantMaxPool2d", "MaxPool3d", "QuantMaxPool3d",
@@ -11,15 +23,15 @@ __all__ = [
 ]
 
 
-class _QuantInputModule(_utils.QuantInputMixin):
+class _QuantInputModule(_utils.QuantInputMixin, _ModuleBase):
     """Quantizes the input, then runs the float module (the next base class)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         quant_desc_input = _utils.take_quant_descs(type(self), kwargs, input_only=True)
         super().__init__(*args, **kwargs)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         return super().forward(self._input_quantizer(input))
 
 

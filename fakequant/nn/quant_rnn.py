@@ -9,6 +9,10 @@ paths share a scale). Each layer and direction has its own pair of quantizers
 ``_input_quantizer`` / ``_weight_quantizer``. The weights are quantized once per
 forward, not once per time step.
 """
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple, Union, overload
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -17,15 +21,28 @@ from torch.nn.utils.rnn import PackedSequence
 from .. import tensor_quant
 from . import _utils
 
+_Weights = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+
 __all__ = ["QuantLSTM", "QuantLSTMCell", "LSTM", "LSTMCell"]
 
 
-def _quant_fused_weights(weight_quantizer, w_ih, w_hh):
+def _quant_fused_weights(
+    weight_quantizer: nn.Module, w_ih: torch.Tensor, w_hh: torch.Tensor
+) -> Tuple[torch.Tensor, ...]:
     fused = weight_quantizer(torch.cat([w_ih, w_hh], 1))
     return fused.split([w_ih.size(1), w_hh.size(1)], 1)
 
 
-def _lstm_step(x, h, c, w_ih, w_hh, b_ih, b_hh, input_quantizer):
+def _lstm_step(
+    x: torch.Tensor,
+    h: torch.Tensor,
+    c: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: Optional[torch.Tensor],
+    b_hh: Optional[torch.Tensor],
+    input_quantizer: nn.Module,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """One LSTM step with the activations quantized together; weights already quantized."""
     x, h = input_quantizer(torch.cat([x, h], 1)).split([x.size(1), h.size(1)], 1)
     gates = F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh)
@@ -45,7 +62,7 @@ class QuantLSTM(nn.LSTM, _utils.QuantMixin):
     default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         quant_desc_input, quant_desc_weight = _utils.take_quant_descs(type(self), kwargs)
         super().__init__(*args, **kwargs)
         if self.proj_size != 0:
@@ -53,7 +70,7 @@ class QuantLSTM(nn.LSTM, _utils.QuantMixin):
         num_directions = 2 if self.bidirectional else 1
         self.init_quantizer(quant_desc_input, quant_desc_weight, num_layers=self.num_layers * num_directions)
 
-    def _layer_params(self, layer, direction):
+    def _layer_params(self, layer: int, direction: int) -> _Weights:
         suffix = f"_l{layer}" + ("_reverse" if direction == 1 else "")
         w_ih = getattr(self, "weight_ih" + suffix)
         w_hh = getattr(self, "weight_hh" + suffix)
@@ -61,10 +78,26 @@ class QuantLSTM(nn.LSTM, _utils.QuantMixin):
         b_hh = getattr(self, "bias_hh" + suffix) if self.bias else None
         return w_ih, w_hh, b_ih, b_hh
 
-    def forward(self, input, hx=None):
+    @overload
+    def forward(
+        self, input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
+
+    @overload
+    def forward(
+        self, input: PackedSequence, hx: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> Tuple[PackedSequence, Tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def forward(
+        self, input: Union[torch.Tensor, PackedSequence], hx: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> Tuple[Union[torch.Tensor, PackedSequence], Tuple[torch.Tensor, torch.Tensor]]:
         packed = isinstance(input, PackedSequence)
         num_directions = 2 if self.bidirectional else 1
-        if packed:
+        steps: List[torch.Tensor]
+        batch_sizes_list: Optional[List[int]]
+        sorted_indices: Optional[torch.Tensor]
+        unsorted_indices: Optional[torch.Tensor]
+        if isinstance(input, PackedSequence):  # (packed)
             data, batch_sizes, sorted_indices, unsorted_indices = input
             batch_sizes_list = batch_sizes.tolist()
             steps = self._split_packed(data, batch_sizes_list)
@@ -100,7 +133,8 @@ class QuantLSTM(nn.LSTM, _utils.QuantMixin):
                 if tuple(t.shape) != expected:
                     raise ValueError(f"QuantLSTM: {name} must have shape {expected}, got {tuple(t.shape)}")
 
-        h_n, c_n = [], []
+        hs: List[torch.Tensor] = []
+        cs: List[torch.Tensor] = []
         for layer in range(self.num_layers):
             outputs = []
             for direction in range(num_directions):
@@ -112,18 +146,18 @@ class QuantLSTM(nn.LSTM, _utils.QuantMixin):
                     reverse=direction == 1, batch_sizes=batch_sizes_list,
                 )
                 outputs.append(out)
-                h_n.append(h)
-                c_n.append(c)
+                hs.append(h)
+                cs.append(c)
             steps = [torch.cat(parts, 1) for parts in zip(*outputs)] if num_directions == 2 else outputs[0]
             if self.dropout and self.training and layer < self.num_layers - 1:
                 steps = [F.dropout(s, p=self.dropout, training=True) for s in steps]
 
-        h_n, c_n = torch.stack(h_n), torch.stack(c_n)
+        h_n, c_n = torch.stack(hs), torch.stack(cs)
         if packed:
-            output = PackedSequence(torch.cat(steps, 0), batch_sizes, sorted_indices, unsorted_indices)
+            packed_output = PackedSequence(torch.cat(steps, 0), batch_sizes, sorted_indices, unsorted_indices)
             if unsorted_indices is not None:
                 h_n, c_n = h_n.index_select(1, unsorted_indices), c_n.index_select(1, unsorted_indices)
-            return output, (h_n, c_n)
+            return packed_output, (h_n, c_n)
         output = torch.stack(steps, 0)
         if unbatched:
             return output.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
@@ -132,17 +166,25 @@ class QuantLSTM(nn.LSTM, _utils.QuantMixin):
         return output, (h_n, c_n)
 
     @staticmethod
-    def _split_packed(data, batch_sizes):
+    def _split_packed(data: torch.Tensor, batch_sizes: List[int]) -> List[torch.Tensor]:
         return list(torch.split(data, batch_sizes, 0))
 
     @staticmethod
-    def _run_direction(steps, h, c, weights, input_quantizer, reverse, batch_sizes):
+    def _run_direction(
+        steps: Sequence[torch.Tensor],
+        h: torch.Tensor,
+        c: torch.Tensor,
+        weights: _Weights,
+        input_quantizer: nn.Module,
+        reverse: bool,
+        batch_sizes: Optional[List[int]],
+    ) -> Tuple[List[torch.Tensor], torch.Tensor, torch.Tensor]:
         """Runs one direction over the time steps. With ``batch_sizes`` (packed,
         sorted input) step ``t`` updates only the first ``batch_sizes[t]`` rows;
         the other rows keep their state (finished sequences in the forward
         direction, not yet started ones in the reverse direction)."""
         order = range(len(steps) - 1, -1, -1) if reverse else range(len(steps))
-        outputs = [None] * len(steps)
+        outputs: List[Any] = [None] * len(steps)  # (a tensor each, once the loop has run)
         for t in order:
             x = steps[t]
             n = x.size(0)
@@ -163,12 +205,14 @@ class QuantLSTMCell(nn.LSTMCell, _utils.QuantMixin):
     default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 
-    def __init__(self, input_size, hidden_size, bias=True, **kwargs):
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, **kwargs: Any) -> None:
         quant_desc_input, quant_desc_weight = _utils.take_quant_descs(type(self), kwargs)
         super().__init__(input_size, hidden_size, bias, **kwargs)
         self.init_quantizer(quant_desc_input, quant_desc_weight)
 
-    def forward(self, input, hx=None):
+    def forward(
+        self, input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         if input.dim() not in (1, 2):
             raise ValueError(f"QuantLSTMCell: expected a 1-D or 2-D input, got {input.dim()}-D")
         unbatched = input.dim() == 1

@@ -1,19 +1,32 @@
 """``TensorQuantizer``: the module that quantizes one tensor of a network."""
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import nn
 
 from .. import _core
-from ..calib import HistogramCalibrator, MaxCalibrator, reduce_amax
-from ..tensor_quant import QuantDescriptor
+from ..calib import HistogramCalibrator, MaxCalibrator
+from ..calib.reduce_amax import reduce_amax
+from ..tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from . import _schemes
 from .clip import Clip
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    # What the amax and pre_quant_scale setters take: anything torch.tensor reads.
+    _TensorLike = Union[torch.Tensor, float, Sequence[float], np.ndarray]
+    _ModuleMeta = type
+else:
+    _ModuleMeta = type(nn.Module)
 
 __all__ = ["TensorQuantizer"]
 
 
-class _Switches(type(nn.Module)):
+class _Switches(_ModuleMeta):
     """The class-wide switches of :class:`TensorQuantizer`, as pytorch-quantization
     spells them. ``_enable_onnx_export`` is this thread's export mode
     (``fakequant.enable_onnx_export``), not a class attribute; ``use_fb_fake_quant``
@@ -22,23 +35,25 @@ class _Switches(type(nn.Module)):
     are used while exporting whatever it says)."""
 
     @property
-    def _enable_onnx_export(cls):
+    def _enable_onnx_export(cls) -> bool:
         return _core.onnx_export_enabled()
 
     @_enable_onnx_export.setter
-    def _enable_onnx_export(cls, value):
+    def _enable_onnx_export(cls, value: bool) -> None:
         _core.set_onnx_export_enabled(bool(value))
 
     @property
-    def use_fb_fake_quant(cls):
+    def use_fb_fake_quant(cls) -> bool:
         return cls._use_fb_fake_quant or _core.onnx_export_enabled()
 
     @use_fb_fake_quant.setter
-    def use_fb_fake_quant(cls, value):
+    def use_fb_fake_quant(cls, value: bool) -> None:
         cls._use_fb_fake_quant = _core.check_bool(value, "use_fb_fake_quant")
 
+    _use_fb_fake_quant: bool
 
-def _as_float_tensor(value, name):
+
+def _as_float_tensor(value: Any, name: str) -> torch.Tensor:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a number, an array or a tensor, got a bool")
     if isinstance(value, torch.Tensor):
@@ -77,12 +92,21 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     # quantize with torch's own fake_quantize_per_*_affine (full integer range,
     # torch's rounding). Not for export: fakequant's own operators export exactly,
     # and are used whenever an ONNX export runs.
-    _use_fb_fake_quant = False
+    _use_fb_fake_quant: bool = False
     # How learn_amax learns the range: "lsq" (default) adds the learned-step-size
     # gradient of the quantization error (Esser et al., LSQ) to the clip stage's;
     # "pact" keeps pytorch-quantization's, where amax learns from clipped values only.
-    learn_amax_method = "lsq"
-    def __init__(self, quant_desc=QuantDescriptor(), disabled=False, if_quant=True, if_clip=False, if_calib=False):
+    learn_amax_method: str = "lsq"
+    # The clip stage (a submodule), with learn_amax only.
+    clip: Clip
+    def __init__(
+        self,
+        quant_desc: ScaledQuantDescriptor = QuantDescriptor(),
+        disabled: bool = False,
+        if_quant: bool = True,
+        if_clip: bool = False,
+        if_calib: bool = False,
+    ) -> None:
         super().__init__()
         if not isinstance(quant_desc, QuantDescriptor):
             raise TypeError(f"quant_desc must be a QuantDescriptor, got {type(quant_desc).__name__}")
@@ -110,6 +134,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._centered = quant_desc.bias is not None
         if self._centered:
             bias = quant_desc.bias
+            assert bias is not None  # (self._centered)
             axes = [k for k in bias if isinstance(k, int)]
             if not (bias.get("type") == "dynamic" and bias.get("method") == "max_min" and self._dynamic
                     and self._block_sizes is not None and len(self._block_sizes) == 1 and axes == list(self._block_sizes)):
@@ -145,18 +170,18 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
 
     # -- properties ----------------------------------------------------------------
     @property
-    def num_bits(self):
+    def num_bits(self) -> Union[int, Tuple[int, int]]:
         return self._num_bits
 
     @num_bits.setter
-    def num_bits(self, value):
+    def num_bits(self, value: Union[int, Tuple[int, int]]) -> None:
         self._num_bits = _core.check_num_bits(value)
         self._configure()
         if self._calibrator is not None:
             self._calibrator._num_bits = self._num_bits
 
     @property
-    def maxbound(self):
+    def maxbound(self) -> float:
         """The largest quantized value, ``2^(num_bits - 1 + unsigned) - 1`` (448 for E4M3,
         57344 for E5M2)."""
         if isinstance(self._num_bits, tuple):
@@ -164,38 +189,38 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return _core.amax_bound(self._num_bits, self._unsigned)
 
     @property
-    def unsigned(self):
+    def unsigned(self) -> bool:
         return self._unsigned
 
     @unsigned.setter
-    def unsigned(self, value):
+    def unsigned(self, value: bool) -> None:
         self._unsigned = _core.check_bool(value, "unsigned")
         if self._calibrator is not None:
             self._calibrator._unsigned = value
 
     @property
-    def narrow_range(self):
+    def narrow_range(self) -> bool:
         return self._narrow_range
 
     @narrow_range.setter
-    def narrow_range(self, value):
+    def narrow_range(self, value: bool) -> None:
         self._narrow_range = _core.check_bool(value, "narrow_range")
         if isinstance(self._calibrator, HistogramCalibrator):
             self._calibrator._narrow_range = value
 
     @property
-    def scale(self):
+    def scale(self) -> Optional[Union[float, torch.Tensor]]:
         """The scale of the last real (``fake_quant=False``) quantization; 1.0 in fake mode."""
         if self._scale is None:
             warnings.warn("TensorQuantizer.scale read before any tensor was quantized", stacklevel=2)
         return self._scale
 
     @property
-    def pre_quant_scale(self):
+    def pre_quant_scale(self) -> Optional[torch.Tensor]:
         return self._buffers.get("_pre_quant_scale")
 
     @pre_quant_scale.setter
-    def pre_quant_scale(self, value):
+    def pre_quant_scale(self, value: Optional[_TensorLike]) -> None:
         if value is None:
             self._buffers.pop("_pre_quant_scale", None)
             return
@@ -210,12 +235,12 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             old.copy_(value)
 
     @property
-    def amax(self):
+    def amax(self) -> Optional[torch.Tensor]:
         """The ``_amax`` buffer, or None while amax is dynamic."""
         return self._buffers.get("_amax")
 
     @amax.setter
-    def amax(self, value):
+    def amax(self, value: Optional[_TensorLike]) -> None:
         # None returns the quantizer to dynamic amax.
         if value is None:
             self._buffers.pop("_amax", None)
@@ -231,7 +256,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             old.copy_(value)
 
     @property
-    def step_size(self):
+    def step_size(self) -> Optional[torch.Tensor]:
         """``amax / maxbound``, or None while amax is dynamic."""
         amax = self.amax
         if amax is None:
@@ -239,34 +264,34 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return amax / float(self.maxbound)
 
     @property
-    def axis(self):
+    def axis(self) -> Optional[Union[int, Tuple[int, ...]]]:
         return self._axis
 
     @property
-    def block_sizes(self):
+    def block_sizes(self) -> Optional[Dict[int, Optional[int]]]:
         return None if self._block_sizes is None else dict(self._block_sizes)
 
     @property
-    def fake_quant(self):
+    def fake_quant(self) -> bool:
         return self._fake_quant
 
     @property
-    def learn_amax(self):
+    def learn_amax(self) -> bool:
         return self._learn_amax
 
     @property
-    def dynamic(self):
+    def dynamic(self) -> bool:
         return self._dynamic
 
     # -- switches --------------------------------------------------------------------
-    def disable(self):
+    def disable(self) -> None:
         """Bypass the module: forward returns its input."""
         self._disabled = True
 
-    def enable(self):
+    def enable(self) -> None:
         self._disabled = False
 
-    def disable_clip(self):
+    def disable_clip(self) -> None:
         """Stop the clip stage (and the learning of the clip range)."""
         self._if_clip = False
         clip = getattr(self, "clip", None)
@@ -274,7 +299,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             clip.clip_value_min.requires_grad_(False)
             clip.clip_value_max.requires_grad_(False)
 
-    def enable_clip(self):
+    def enable_clip(self) -> None:
         """Run the clip stage, learning the range (needs ``learn_amax=True``)."""
         if not self._learn_amax:
             raise ValueError("enable_clip needs a quantizer created with learn_amax=True")
@@ -282,29 +307,29 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self.clip.clip_value_max.requires_grad_(True)
         self._if_clip = True
 
-    def disable_calib(self):
+    def disable_calib(self) -> None:
         self._if_calib = False
 
-    def enable_calib(self):
+    def enable_calib(self) -> None:
         """Feed every input to the calibrator."""
         if self._calibrator is None:
             raise ValueError("this quantizer has no calibrator; cannot enable calibration")
         self._if_calib = True
 
-    def disable_quant(self):
+    def disable_quant(self) -> None:
         self._if_quant = False
 
-    def enable_quant(self):
+    def enable_quant(self) -> None:
         self._if_quant = True
 
     # -- amax ------------------------------------------------------------------------
-    def _state_device(self, default):
+    def _state_device(self, default: torch.device) -> torch.device:
         for t in list(self._buffers.values()) + list(self.parameters()):
             if t is not None:
                 return t.device
         return default
 
-    def _set_amax_buffer(self, value):
+    def _set_amax_buffer(self, value: _TensorLike) -> None:
         """Sets ``_amax`` to ``value``, whatever the current shape."""
         value = _as_float_tensor(value, "amax").clone()
         old = self._buffers.get("_amax")
@@ -315,7 +340,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             self._buffers.pop("_amax", None)
             self.register_buffer("_amax", value.to(device))
 
-    def load_calib_amax(self, *args, strict=True, **kwargs):
+    def load_calib_amax(self, *args: Any, strict: bool = True, **kwargs: Any) -> None:
         """Sets amax from the calibrator: ``compute_amax(*args, **kwargs)``.
 
         Args:
@@ -342,14 +367,14 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             return
         self._load_calibrated_amax(calib_amax)
 
-    def _new_calibrator(self, histogram: bool):
+    def _new_calibrator(self, histogram: bool) -> Union[HistogramCalibrator, MaxCalibrator]:
         """A calibrator for this quantizer's format: a ``HistogramCalibrator`` or a ``MaxCalibrator``."""
         if histogram:
             return HistogramCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned,
                                        narrow_range=self._narrow_range)
         return MaxCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
 
-    def _load_calibrated_amax(self, calib_amax, name="quantizer") -> bool:
+    def _load_calibrated_amax(self, calib_amax: torch.Tensor, name: str = "quantizer") -> bool:
         """Sets ``_amax`` from calibration; False where it was left dynamic instead.
 
         An amax <= AMAX_EPSILON (a zero-initialised layer, collapsed activations) makes
@@ -370,7 +395,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._set_amax_buffer(calib_amax)
         return True
 
-    def init_learn_amax(self):
+    def init_learn_amax(self) -> None:
         """Initialises the learned range ``[-amax, amax]`` from ``_amax`` (its max if per channel)."""
         if not self._learn_amax:
             raise RuntimeError("init_learn_amax needs a quantizer created with learn_amax=True")
@@ -385,16 +410,16 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
                 local = bound.to_local() if hasattr(bound, "to_local") else bound
                 local.copy_(value)
 
-    def _kept_axes(self, ndim):
+    def _kept_axes(self, ndim: int) -> List[int]:
         return _core.resolve_axes(self._axis, ndim, "quantizer axis")
 
-    def _computes_amax(self):
+    def _computes_amax(self) -> bool:
         """Whether amax is computed from each input (no ``_amax`` yet, or ``dynamic``). Such
         an amax is not user input: the operators do not check it, and NaN or inf in the
         input give NaN outputs, the same on every device."""
         return self._dynamic or self._buffers.get("_amax") is None
 
-    def _get_amax(self, inputs):
+    def _get_amax(self, inputs: torch.Tensor) -> torch.Tensor:
         """amax from the buffer, or computed from ``inputs`` when dynamic."""
         amax = self._buffers.get("_amax")
         if self._computes_amax():
@@ -405,6 +430,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
                 reduce_dims = tuple(d for d in range(inputs.dim()) if d not in kept)
                 amax = reduce_amax(inputs, axis=reduce_dims, keepdims=True) if reduce_dims else inputs.abs()
         else:
+            assert amax is not None  # (not _computes_amax(): the buffer is set)
             if amax.device != inputs.device:
                 # amax set on another device than the module was moved to (module.to()
                 # moves it for good; the forward leaves the buffer as it is).
@@ -419,7 +445,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return amax
 
     @staticmethod
-    def _tensor_amax(inputs):
+    def _tensor_amax(inputs: torch.Tensor) -> torch.Tensor:
         """max |inputs| over the whole tensor, 0-dimensional (one pass, no |x| temporary)."""
         if torch.onnx.is_in_onnx_export():
             # (the dynamo exporter cannot translate the aminmax reduce_amax uses,
@@ -427,7 +453,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             return inputs.detach().abs().amax(dim=tuple(range(inputs.dim())))
         return reduce_amax(inputs, axis=None)
 
-    def _broadcastable(self, amax, inputs):
+    def _broadcastable(self, amax: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         # A per-channel amax stored flat (shape (C,)) is laid along the quantizer's axis.
         if amax.dim() == 1 and amax.numel() > 1 and isinstance(self._axis, int) and inputs.dim() > 1:
             shape = [1] * inputs.dim()
@@ -436,10 +462,12 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return amax
 
     # -- block quantization -------------------------------------------------------------
-    def _blocked_view(self, inputs):
+    def _blocked_view(self, inputs: torch.Tensor) -> Tuple[torch.Tensor, List[int]]:
         """``inputs`` reshaped so that each block is a trailing run of one axis,
         with the positions of the within-block axes."""
-        shape, inner = [], []
+        assert self._block_sizes is not None  # (only block quantizers get here)
+        shape: List[int] = []
+        inner: List[int] = []
         nd = inputs.dim()
         axes = _core.resolve_axes(tuple(self._block_sizes), nd, "block_sizes axis")
         blocks = dict(zip(axes, self._block_sizes.values()))
@@ -454,15 +482,16 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             inner.append(len(shape) - 1)
         return inputs.reshape(shape), inner
 
-    def _block_amax(self, blocked, inner):
+    def _block_amax(self, blocked: torch.Tensor, inner: List[int]) -> torch.Tensor:
         amax = self._buffers.get("_amax")
         if self._computes_amax():
             return reduce_amax(blocked, axis=tuple(inner), keepdims=True).detach().reshape(
                 [1 if d in inner else n for d, n in enumerate(blocked.shape)])
+        assert amax is not None  # (not _computes_amax(): the buffer is set)
         amax = amax.to(blocked.device) if amax.device != blocked.device else amax
         return amax.detach() if amax.requires_grad else amax
 
-    def _kernel_block(self):
+    def _kernel_block(self) -> Optional[Tuple[int, Optional[int]]]:
         """``(axis, block_size)`` when the blocks run along one axis, which
         ``fake_quantize_blockwise`` computes dynamically in one pass; else None. A
         ``block_size`` of None is the whole axis (per token, the size read per input)."""
@@ -472,12 +501,12 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return axis, size
 
     # -- forward ------------------------------------------------------------------------
-    def _configure(self):
+    def _configure(self) -> None:
         """Chooses the numeric path and value rule (nn/_schemes.py) of this configuration."""
         self._values = _schemes.choose_values(self._num_bits, self._fake_quant)
         self._path = _schemes.choose_path(self)
 
-    def _quantize(self, inputs, amax, check_values=True):
+    def _quantize(self, inputs: torch.Tensor, amax: torch.Tensor, check_values: bool = True) -> torch.Tensor:
         """``inputs`` quantized with ``amax`` by the value rule (torch's own operators
         with ``TensorQuantizer.use_fb_fake_quant``, except while exporting);
         ``check_values=False`` for an amax computed from ``inputs``."""
@@ -487,10 +516,10 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             values = _schemes.TORCH_NATIVE
         return values(self, inputs, amax, check_values)
 
-    def _quant_forward(self, inputs):
+    def _quant_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self._path(self, inputs)
 
-    def _collect(self, inputs):
+    def _collect(self, inputs: torch.Tensor) -> None:
         # Static blocks collect one amax per block. Dynamic blocks along one axis compute
         # their block amax from each input (a ragged last block too); what calibration
         # gives them is the per-tensor amax their E4M3 block scales are relative to
@@ -500,11 +529,12 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         if self._block_sizes is not None and not (self._dynamic and self._kernel_block() is not None):
             blocked, inner = self._blocked_view(inputs.detach())
             # one amax per block: every axis but the within-block ones is kept
-            self._calibrator.collect(blocked, kept_axes=tuple(d for d in range(blocked.dim()) if d not in inner))
+            # (a MaxCalibrator: the descriptor refuses block_sizes with calib_method='histogram')
+            cast(MaxCalibrator, self._calibrator).collect(blocked, kept_axes=tuple(d for d in range(blocked.dim()) if d not in inner))
         else:
             self._calibrator.collect(inputs.detach())
 
-    def _check_onnx_readiness(self, inputs):
+    def _check_onnx_readiness(self, inputs: torch.Tensor) -> None:
         if self._disabled or not self._if_quant:
             return
         if self.amax is None and not self._learn_amax and not self._dynamic:
@@ -515,12 +545,12 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             warnings.warn("a TensorQuantizer is still calibrating during ONNX export", stacklevel=3)
 
     @staticmethod
-    def _export_mode():
+    def _export_mode() -> bool:
         # This thread's fakequant.enable_onnx_export. (Not read while dynamo traces:
         # it cannot guard a thread-local value, and a compiled graph is no export.)
         return not torch.compiler.is_dynamo_compiling() and _core.onnx_export_enabled()
 
-    def forward(self, inputs):
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Quantizes ``inputs`` (after the optional calibration and clip stages)."""
         if self._export_mode():
             self._check_onnx_readiness(inputs)
@@ -541,7 +571,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return outputs
 
     # -- printing and loading ----------------------------------------------------------
-    def _short_amax(self, fmt=".4f"):
+    def _short_amax(self, fmt: str = ".4f") -> str:
         amax = self.amax
         if amax is None:
             return "dynamic"
@@ -549,7 +579,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             return f"{amax.item():{fmt}}"
         return f"[{amax.min().item():{fmt}}, {amax.max().item():{fmt}}]({amax.numel()})"
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         if self._disabled:
             return "disabled"
         s = ("unsigned " if self._unsigned else "") + f"{self._num_bits}bit"
@@ -569,7 +599,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         s += " calib" if self._if_calib else ""
         return s
 
-    def _apply(self, fn, recurse=True):
+    def _apply(self, fn: Any, recurse: bool = True) -> TensorQuantizer:
         # model.half() / .bfloat16() would round amax to 8 or 11 bits of mantissa,
         # moving every quantization step; keep it float32 (devices still follow).
         amax = self._buffers.get("_amax")
@@ -579,7 +609,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             self._buffers["_amax"] = amax.to(moved.device)
         return out
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         # The schemes are chosen again on loading: a pickled quantizer holds module and
         # calibrator state only (loadable with weights_only once those classes are trusted).
         state = self.__dict__.copy()  # (object.__getstate__ is Python >= 3.11)
@@ -587,14 +617,14 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         state.pop("_path", None)
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
         self._configure()
 
     # The buffers a checkpoint may bring to a quantizer that lacks them.
     _LOADABLE_BUFFERS = ("_amax", "_pre_quant_scale")
 
-    def _make_room(self, name, shape):
+    def _make_room(self, name: str, shape: Sequence[int]) -> None:
         """Registers buffer ``name`` (one of ``_LOADABLE_BUFFERS``) with ``shape``,
         zero-filled float32 on this module's device, unless it has that shape already."""
         shape = torch.Size(shape)
@@ -604,8 +634,9 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             self._buffers.pop(name, None)
             self.register_buffer(name, torch.zeros(shape, dtype=torch.float32, device=device))
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
+                              strict: bool, missing_keys: List[str], unexpected_keys: List[str],
+                              error_msgs: List[str]) -> None:
         # amax and pre_quant_scale are data, not architecture: a checkpoint may
         # bring them to a quantizer that has none yet (still dynamic), or with
         # another shape (per channel instead of per tensor). Make room for them

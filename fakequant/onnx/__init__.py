@@ -18,6 +18,11 @@ only:
 :func:`export` does both with fakequant's options and checks. The graph and its
 numerics are described in README.md ("Export to ONNX").
 """
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
 import torch
 
 from .. import _core
@@ -31,7 +36,7 @@ __all__ = ["export", "export_options", "ExportOptions", "ExportWarning", "Transl
            "custom_translation_table", "register", "enable_onnx_export"]
 
 
-def register():
+def register() -> Dict[torch._ops.OpOverload, Callable[..., Any]]:
     """Registers the TorchScript exporter's symbolic functions of the
     ``torch.ops.fakequant`` operators (``torch.onnx.register_custom_op_symbolic``).
     Runs on ``import fakequant``; calling it again is harmless. Returns
@@ -41,8 +46,17 @@ def register():
     return custom_translation_table()
 
 
-def export(model, args, f=None, *, dynamo=True, opset_version=None, clip_narrow_range=True,
-           custom_translation_table=None, **kwargs):
+def export(
+    model: Union[torch.nn.Module, torch.export.ExportedProgram, torch.jit.ScriptModule, torch.jit.ScriptFunction],
+    args: Tuple[Any, ...],
+    f: Optional[Union[str, os.PathLike]] = None,
+    *,
+    dynamo: bool = True,
+    opset_version: Optional[int] = None,
+    clip_narrow_range: bool = True,
+    custom_translation_table: Optional[Dict[Any, Callable[..., Any]]] = None,
+    **kwargs: Any,
+) -> Optional[torch.onnx.ONNXProgram]:
     """``torch.onnx.export`` of a fakequant model, inside
     :func:`fakequant.enable_onnx_export` (every enabled quantizer must have an
     amax, or be ``dynamic``).
@@ -93,6 +107,7 @@ def export(model, args, f=None, *, dynamo=True, opset_version=None, clip_narrow_
         program = torch.onnx.export(model, args, None if convert_to else f, dynamo=True, **kwargs, **(
             {} if convert_to else save))
     if convert_to is not None:
+        assert program is not None  # (the dynamo exporter returns an ONNXProgram)
         translation_dynamo.convert_opset(program, convert_to, optimize)
         if f is not None:
             program.save(f, include_initializers=save.get("export_params", True),

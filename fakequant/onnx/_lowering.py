@@ -26,7 +26,7 @@ arithmetic itself: Div, Round (ties to even), Clip, Mul; a warning says so.
 """
 import math
 import warnings
-from typing import Optional, Tuple
+from typing import Dict, Optional, Set, Tuple
 
 import torch
 
@@ -136,7 +136,7 @@ def _granularity(b, x, param_shapes):
     None, 1)``, ``("axis", axis, C)`` when they vary along one axis of ``x``,
     or ``("broadcast", None, None)`` when no per-axis QDQ can hold them."""
     rank = _rank(b, x, "the input")
-    varying = {}
+    varying: Dict[int, Set[int]] = {}
     for shape in param_shapes:
         if shape is None or any(d is None for d in shape):
             return "broadcast", None, None

@@ -9,6 +9,10 @@ built from the amax initializer with ONNX ops that the exporter's constant
 folding (always on) turns into one float32 initializer, computed by the same
 IEEE float32 division as the operator.
 """
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Set
+
 import torch
 
 from . import _lowering
@@ -18,7 +22,8 @@ MIN_OPSET = 13
 # Registered from this opset: below MIN_OPSET the functions raise a clear error.
 _REGISTERED_FROM = 7
 
-_SCALAR_TYPES = {
+# (looked up with the scalar type of a TensorType, or None)
+_SCALAR_TYPES: Dict[Optional[str], torch.dtype] = {
     "Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16, "Double": torch.float64,
     "Int": torch.int32, "Long": torch.int64, "Char": torch.int8, "Byte": torch.uint8, "Short": torch.int16,
     "Bool": torch.bool,
@@ -34,7 +39,7 @@ class _TorchScriptBuilder(_lowering.Builder):
         self.opset = g.opset
 
     def op(self, op_type, *inputs, **attrs):
-        kwargs = {}
+        kwargs: Dict[str, Any] = {}
         for name, value in attrs.items():
             if isinstance(value, torch.Tensor):
                 kwargs[name + "_t"] = value
@@ -56,11 +61,14 @@ class _TorchScriptBuilder(_lowering.Builder):
         t = value.type()
         if not isinstance(t, torch._C.TensorType) or t.dim() is None:
             return None
-        return tuple(t.varyingSizes())
+        sizes = t.varyingSizes()
+        assert sizes is not None  # (the rank is known)
+        return tuple(sizes)
 
     def depends_on(self, value, other, limit=10_000):
         target = other.unique()
-        seen, stack = set(), [value]
+        seen: Set[int] = set()
+        stack = [value]
         while stack and len(seen) < limit:
             v = stack.pop()
             if v.unique() == target:
@@ -156,7 +164,7 @@ def fake_quantize_lsq(g, input, scale, zero_point, axis, quant_min, quant_max, g
                                   _const_arg(quant_min, "i", "quant_min"), _const_arg(quant_max, "i", "quant_max"))
 
 
-SYMBOLICS = {
+SYMBOLICS: Dict[str, Callable[..., Any]] = {
     "fakequant::fake_quantize_fp8": fake_quantize_fp8,
     "fakequant::fake_quantize_blockwise": fake_quantize_blockwise,
     "fakequant::fake_quantize_lsq": fake_quantize_lsq,
@@ -167,7 +175,7 @@ SYMBOLICS = {
 }
 
 
-def register():
+def register() -> None:
     """Registers the symbolic functions with the TorchScript exporter (idempotent)."""
     from torch.onnx import register_custom_op_symbolic
 

@@ -14,6 +14,10 @@ under an onnxscript evaluator that records the ops. The scale is built from
 the amax initializer with ONNX ops, which the exporter's optimizer (on by
 default, ``optimize=True``) folds into one float32 initializer.
 """
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Set
+
 import torch
 
 from . import _lowering
@@ -59,7 +63,8 @@ class _DynamoBuilder(_lowering.Builder):
         return tuple(d if isinstance(d, int) else None for d in shape)
 
     def depends_on(self, value, other, limit=10_000):
-        seen, stack = set(), [value]
+        seen: Set[int] = set()
+        stack = [value]
         while stack and len(seen) < limit:
             v = stack.pop()
             if v is other:
@@ -76,6 +81,10 @@ class _DynamoBuilder(_lowering.Builder):
         # The operators' second output (the packed mask for the backward) has
         # no use in an inference graph; the optimizer drops it.
         return self.const(torch.zeros(0, dtype=torch.uint8))
+
+
+# The translations below carry no type annotations on purpose: the dynamo exporter reads a
+# translation's type hints as its ONNX signature (which parameters are inputs, which attributes).
 
 
 def fake_quantize_amax(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=True):
@@ -121,7 +130,7 @@ def fake_quantize_lsq(input, scale, zero_point, axis=None, quant_min=-128, quant
     return _lowering.lower_affine(_DynamoBuilder(), input, scale, zero_point, axis, quant_min, quant_max)
 
 
-def convert_opset(program, opset_version, optimize=True):
+def convert_opset(program: torch.onnx.ONNXProgram, opset_version: int, optimize: bool = True) -> None:
     """Converts an unoptimized ``ONNXProgram`` (built at opset 18) down to
     ``opset_version`` in place with ONNX's converter, and optimizes it.
 
@@ -140,12 +149,16 @@ def convert_opset(program, opset_version, optimize=True):
     from onnxscript import version_converter
 
     original = ir.serde.serialize_model(program.model)
-    causes = []
+    causes: List[str] = []
 
-    def convert():
-        records = []
-        handler = logging.Handler()
-        handler.emit = records.append
+    def convert() -> bool:
+        records: List[logging.LogRecord] = []
+
+        class _Records(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record)
+
+        handler = _Records()
         logger = logging.getLogger(version_converter.__name__)
         logger.addHandler(handler)
         try:
@@ -178,7 +191,7 @@ def convert_opset(program, opset_version, optimize=True):
         f"{BUILD_OPSET} with dynamo=True, or use dynamo=False")
 
 
-def custom_translation_table():
+def custom_translation_table() -> Dict[torch._ops.OpOverload, Callable[..., Any]]:
     """``{torch.ops.fakequant.<op>.default: translation}`` for ``torch.onnx.export(custom_translation_table=...)``."""
     ops = torch.ops.fakequant
     return {

@@ -1,6 +1,9 @@
 """Grouping and freezing parameters by name, and in-place weight quantization."""
+from __future__ import annotations
+
 import re
 import warnings
+from typing import Any, Dict, Iterator, List, Optional, Pattern, Sequence
 
 import torch
 
@@ -9,13 +12,13 @@ from .._core import TypeAndAttributeError, TypeAndValueError
 __all__ = ["match_parameters", "group_parameters", "freeze_parameters", "quant_weight_inplace"]
 
 
-def _check_patterns(patterns, name="patterns"):
+def _check_patterns(patterns: Sequence[str], name: str = "patterns") -> List[Pattern[str]]:
     if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
         raise TypeError(f"{name} must be a list of regular expressions (str), got {patterns!r}")
     return [re.compile(p) for p in patterns]
 
 
-def _check_model(model):
+def _check_model(model: Any) -> torch.nn.Module:
     # pytorch-quantization failed on model.named_parameters() (AttributeError), when the
     # optimizer read the group; here at the call, naming the argument, as both types.
     if not callable(getattr(model, "named_parameters", None)):
@@ -25,7 +28,7 @@ def _check_model(model):
     return model
 
 
-def match_parameters(model, patterns):
+def match_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> Iterator[torch.nn.Parameter]:
     """Yields the parameters of ``model`` whose name matches (``re.search``) any of ``patterns``.
 
     Raises:
@@ -37,13 +40,19 @@ def match_parameters(model, patterns):
     return _matching(model, compiled)
 
 
-def _matching(model, compiled):
+def _matching(model: torch.nn.Module, compiled: List[Pattern[str]]) -> Iterator[torch.nn.Parameter]:
     for name, param in model.named_parameters():
         if any(p.search(name) for p in compiled):
             yield param
 
 
-def group_parameters(model, patterns_list, lrs=None, momentums=None, weight_decays=None):
+def group_parameters(
+    model: torch.nn.Module,
+    patterns_list: List[List[str]],
+    lrs: Optional[Sequence[float]] = None,
+    momentums: Optional[Sequence[float]] = None,
+    weight_decays: Optional[Sequence[float]] = None,
+) -> List[Dict[str, Any]]:
     """Optimizer parameter groups, one per list of patterns in ``patterns_list``.
 
     Args:
@@ -62,7 +71,7 @@ def group_parameters(model, patterns_list, lrs=None, momentums=None, weight_deca
             length than ``patterns_list`` (pytorch-quantization: TypeError).
     """
     _check_model(model)
-    groups = []
+    groups: List[Dict[str, Any]] = []
     for patterns in patterns_list:
         if not isinstance(patterns, list):
             raise TypeError(f"patterns_list must be a list of lists of patterns, got an item {patterns!r}")
@@ -78,13 +87,13 @@ def group_parameters(model, patterns_list, lrs=None, momentums=None, weight_deca
     return groups
 
 
-def freeze_parameters(model, patterns):
+def freeze_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> None:
     """Sets ``requires_grad=False`` on the parameters whose name matches any of ``patterns``."""
     for param in match_parameters(model, patterns):
         param.requires_grad_(False)
 
 
-def quant_weight_inplace(model):
+def quant_weight_inplace(model: torch.nn.Module) -> None:
     """Replaces the weight of every quantized module by its quantized value
     (for relax-and-round schemes; the float weight is lost)."""
     for module in model.modules():

@@ -1,7 +1,9 @@
 """Calibration of a quantized model: feed it data, then set every amax."""
+from __future__ import annotations
+
 import numbers
 import warnings
-from typing import Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sized, Tuple, cast
 
 import torch
 
@@ -9,9 +11,12 @@ from ..calib import MaxCalibrator, _distributed
 from ..calib.histogram import METHODS as HISTOGRAM_METHODS
 from ..nn.tensor_quantizer import TensorQuantizer
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 __all__ = ["calibrate", "collect_stats", "compute_amax"]
 
-def _quantizers(model):
+def _quantizers(model: torch.nn.Module) -> List[Tuple[str, TensorQuantizer]]:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     found = [(name, m) for name, m in model.named_modules() if isinstance(m, TensorQuantizer)]
@@ -21,7 +26,7 @@ def _quantizers(model):
     return found
 
 
-def _move(batch, device):
+def _move(batch: Any, device: Optional[torch.device]) -> Any:
     if device is None:
         return batch
     if isinstance(batch, torch.Tensor):
@@ -33,7 +38,7 @@ def _move(batch, device):
     return batch
 
 
-def _default_forward(model, batch):
+def _default_forward(model: torch.nn.Module, batch: Any) -> Any:
     # (inputs, labels) pairs feed the inputs; dicts are keyword arguments.
     if isinstance(batch, dict):
         return model(**batch)
@@ -66,7 +71,14 @@ def collect_stats(model: torch.nn.Module, data: Iterable, num_batches: Optional[
     return _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty=False)
 
 
-def _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty):
+def _collect_stats(
+    model: torch.nn.Module,
+    data: Iterable,
+    num_batches: Optional[int],
+    forward_fn: Optional[Callable[[torch.nn.Module, Any], Any]],
+    progress: bool,
+    allow_empty: bool,
+) -> int:
     if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, numbers.Integral)
                                     or num_batches < 1):
         raise ValueError(f"num_batches must be a positive int or None, got {num_batches!r}")
@@ -79,11 +91,12 @@ def _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty):
 
     saved = [(q, q._disabled, q._if_quant, q._if_calib, q._if_clip) for _, q in quantizers]
     was_training = model.training
-    total = num_batches
+    total: Optional[int] = num_batches
+    # (cast: mypy's hasattr narrowing does not make data Sized)
     if total is None and hasattr(data, "__len__"):
-        total = len(data)
+        total = len(cast(Sized, data))
     elif total is not None and hasattr(data, "__len__"):
-        total = min(total, len(data))
+        total = min(total, len(cast(Sized, data)))
     count = 0
     try:
         for _, q in quantizers:
@@ -112,13 +125,15 @@ def _collect_stats(model, data, num_batches, forward_fn, progress, allow_empty):
     return count
 
 
-def _will_sync(sync, group) -> bool:
+def _will_sync(sync: Optional[bool], group: Optional[ProcessGroup]) -> bool:
     if sync is not None and not isinstance(sync, bool):
         raise TypeError(f"sync must be a bool or None, got {sync!r}")
     return sync is not False and _distributed.is_distributed(group)
 
 
-def _sync_calibrators(quantizers, sync, group):
+def _sync_calibrators(
+    quantizers: List[Tuple[str, TensorQuantizer]], sync: Optional[bool], group: Optional[ProcessGroup]
+) -> None:
     """Merges every calibrator's statistics over the ranks of torch.distributed
     (all ranks call this, with the same model): afterwards they agree."""
     if not _will_sync(sync, group):
@@ -129,7 +144,7 @@ def _sync_calibrators(quantizers, sync, group):
             calibrator.sync(group)
 
 
-def _reshard(model):
+def _reshard(model: torch.nn.Module) -> None:
     """Reshards the FSDP2 (``fully_shard``) modules of ``model`` that a forward left
     unsharded (the root, under ``no_grad``): their registered parameters are then the
     sharded ones, which the learned ranges set here must reach (a value written to an
@@ -144,7 +159,7 @@ def _reshard(model):
 
 
 def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = False, *,
-                 sync: Optional[bool] = None, group=None, **kwargs) -> int:
+                 sync: Optional[bool] = None, group: Optional[ProcessGroup] = None, **kwargs: Any) -> int:
     """Loads every calibrator's amax into its quantizer.
 
     Quantizers with a ``MaxCalibrator`` (the default ``calib_method="max"``)
@@ -200,7 +215,7 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
 
 def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int] = None, method: str = "max", *,
               forward_fn: Optional[Callable[[torch.nn.Module, Any], Any]] = None, progress: bool = True,
-              sync: Optional[bool] = None, group=None, **kwargs) -> torch.nn.Module:
+              sync: Optional[bool] = None, group: Optional[ProcessGroup] = None, **kwargs: Any) -> torch.nn.Module:
     """Calibrates a quantized model in one call: resets the calibrators, runs
     :func:`collect_stats` (with a tqdm progress bar), then :func:`compute_amax`.
 
@@ -245,12 +260,15 @@ def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int]
     return model
 
 
-def _histograms_for(method, quantizers):
+def _histograms_for(
+    method: str, quantizers: List[Tuple[str, TensorQuantizer]]
+) -> List[Tuple[TensorQuantizer, MaxCalibrator]]:
     """For a method other than max: a histogram calibrator in place of each per-tensor
     quantizer's max calibrator; returns (quantizer, its own calibrator) to put back."""
     if method == "max":
         return []
-    swapped, per_tensor = [], 0
+    swapped: List[Tuple[TensorQuantizer, MaxCalibrator]] = []
+    per_tensor = 0
     for _, q in quantizers:
         calibrator = q._calibrator
         if calibrator is None or q._axis is not None or q._block_sizes is not None:
