@@ -35,7 +35,8 @@ def check_build(build: Optional[ModuleType] = None, torch_version: Optional[str]
     if build.TORCH_VERSION != running:
         raise ImportError(
             f"fakequant was built for torch {build.TORCH_VERSION} (CUDA {build.CUDA_VERSION}) but torch "
-            f"{running} (CUDA {torch.version.cuda}) is installed; rebuild it with {_REBUILD}"
+            f"{running} (CUDA {torch.version.cuda}) is installed; install the fakequant wheel built for torch "
+            f"{running.split('+')[0]} (its version ends in +torch{running.split('+')[0]}...), or rebuild it with {_REBUILD}"
         )
     if build.VERSION != version:
         raise ImportError(

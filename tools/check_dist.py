@@ -60,7 +60,7 @@ def check_sdist(path, version):
         pkg_info = tar.extractfile(prefix + "PKG-INFO").read().decode()
     fail([n for n in names if not n.startswith(prefix)], f"{path.name}: files outside {prefix}")
     inside = {n[len(prefix):] for n in names}
-    needed = source_files("csrc") | {p for p in source_files("fakequant") if p.endswith((".py", "py.typed"))}
+    needed = source_files("csrc") | {p for p in source_files("fakequant") if p.endswith((".py", ".pyi", "py.typed"))}
     needed |= {"setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE", "README.md", "CHANGELOG.md"}
     fail(needed - inside, f"{path.name} lacks files a build or a user needs")
     unwanted = {n for n in inside if n.startswith(("tests/", "benchmarks/", "tools/", "docs/", "examples/"))}
@@ -81,7 +81,7 @@ def check_wheel(path, version):
         meta = metadata(whl.read(info + "METADATA").decode())
         wheel_meta = metadata(whl.read(info + "WHEEL").decode())
     package = [n for n in names if not n.startswith(info)]
-    needed = {p for p in source_files("fakequant") if p.endswith((".py", "py.typed"))}
+    needed = {p for p in source_files("fakequant") if p.endswith((".py", ".pyi", "py.typed"))}
     fail(needed - set(package), f"{path.name} lacks modules of the package")
     fail({info + "licenses/LICENSE"} - set(names), f"{path.name} lacks the license file")
     libraries = [n for n in package if n.endswith(".so")]
