@@ -72,6 +72,12 @@ napoleon_use_rtype = False
 nitpick_ignore_regex = [
     ("py:class", r"torch(\..+)?"),
     ("py:class", r"Module"),
+    # Other libraries' classes in the signatures' type hints (no intersphinx: the build is
+    # offline); ProcessGroup is torch.distributed's, as its annotations spell it.
+    ("py:class", r"(numpy|np|contextlib|os|collections\.abc|typing)\..+"),
+    ("py:class", r"ProcessGroup"),
+    # Private helpers of ours named in public signatures' hints (not documented on purpose).
+    ("py:class", r"fakequant(\.\w+)*\._\w+"),
 ]
 
 # -- HTML -------------------------------------------------------------------------------------
