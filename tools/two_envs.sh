@@ -46,8 +46,11 @@ print(f"  fakequant {fakequant.__version__} from {fakequant.__file__}")
 print(f"  torch {torch.__version__}, built for {fakequant.BUILT_FOR_TORCH} (CUDA {fakequant.BUILT_FOR_CUDA})")
 print(f"  fake_quantize_amax -> {y.tolist()}")
 '
-# From a directory outside the checkout, so that each imports its own install.
-cd /tmp
+# From an empty directory outside the checkout, so that each imports its own install (not
+# /tmp itself: a stray module there, an enum.py, would shadow the standard library's).
+RUN_DIR=$(mktemp -d)
+trap 'rm -rf "$RUN_DIR"' EXIT
+cd "$RUN_DIR"
 for side in A B; do
     py=PY_$side
     echo "== $side: import fakequant and run an operator"
