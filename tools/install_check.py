@@ -47,6 +47,23 @@ def fresh_venv(path):
     return python
 
 
+def output(python, code, cwd=None):
+    """What `python -c code` prints, stripped."""
+    return subprocess.run([python, "-c", code], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def purelib(python):
+    return output(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+
+
+def check_origin(python, cwd):
+    """fakequant, found from `cwd`, must be the environment's installed copy."""
+    origin = output(python, "import importlib.util; print(importlib.util.find_spec('fakequant').origin)", cwd)
+    if not origin.startswith(purelib(python) + os.sep):
+        sys.exit(f"install_check: {python} finds fakequant at {origin}, not in its site-packages")
+    print(f"fakequant found at {origin}")
+
+
 def pip(python, *args):
     run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args])
 
@@ -95,13 +112,7 @@ def main():
     for name in TEST_HELPERS + INSTALLED_TESTS:
         shutil.copy(ROOT / "tests" / name, outside / "tests" / name)
     (outside / "pytest.ini").write_text(PYTEST_INI)
-    where = subprocess.run([python, "-c", "import fakequant; print(fakequant.__file__)"], cwd=outside,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    if not where.startswith(site + os.sep):
-        sys.exit(f"install_check: the fresh environment imports fakequant from {where}, not from {site}")
-    print(f"fakequant imported from {where}")
+    check_origin(python, outside)
     run([python, "-m", "fakequant", "info"], cwd=outside)
 
     installed_code, timings["tests installed"] = pytest(python, outside, work / "installed.xml")
@@ -125,29 +136,18 @@ def main():
     python2 = fresh_venv(work / "venv-torch2")
     env2 = ROOT / os.environ.get("ENV2", ".venv-torch2141")
     if (env2 / "bin" / "python").exists():
-        site2 = subprocess.run([env2 / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        site = subprocess.run([python2, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        Path(site, "other_torch.pth").write_text(site2 + "\n")
+        site2 = purelib(env2 / "bin" / "python")
+        Path(purelib(python2), "other_torch.pth").write_text(site2 + "\n")
         print(f"torch from {site2}")
     else:
         pip(python2, torch2_req)
     pip(python2, "--no-deps", wheel)
-    origin = subprocess.run([python2, "-c", "import importlib.util; print(importlib.util.find_spec('fakequant').origin)"],
-                            cwd=outside, capture_output=True, text=True, check=True).stdout.strip()
-    if not origin.startswith(str(work / "venv-torch2")):
-        sys.exit(f"install_check: the other torch's environment finds fakequant at {origin}, not the wheel")
-    probe = ("import sys\ntry:\n    import fakequant\nexcept ImportError as e:\n"
-             "    assert 'fakequant._C' not in sys.modules, 'the operator library was loaded'\n"
-             "    print(f'ImportError: {e}')\n    sys.exit(3)\nsys.exit('imported without an error')\n")
-    done = subprocess.run([python2, "-c", probe], cwd=outside, capture_output=True, text=True)
-    print(done.stdout + done.stderr, end="")
-    built_for = subprocess.run([py, "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                               text=True, check=True).stdout.strip()
-    if done.returncode != 3 or f"built for torch {built_for}" not in done.stdout:
-        sys.exit(f"install_check: under {torch2_req} the import ended with exit status {done.returncode}, "
-                 "not the ImportError naming both torch versions")
+    check_origin(python2, outside)
+    built_for = output(py, "import torch; print(torch.__version__)")
+    if subprocess.run([python2, ROOT / "tools" / "expect_import_error.py", f"built for torch {built_for}"],
+                      cwd=outside).returncode:
+        sys.exit(f"install_check: under another torch, `import fakequant` did not raise the ImportError "
+                 f"naming torch {built_for}")
     timings["other torch"] = time.perf_counter() - start
     print("make install-check: the installed wheel passes the tests as the editable install does; "
           "another torch gets the clear ImportError (" + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ")")
