@@ -40,7 +40,10 @@ from ._core import (
     check_int,
     check_integer_num_bits,
     check_tensor,
-    warn_if_translations_missing,
+    exporting,
+    flag_on,
+    lower_symbolically,
+    refuse_untranslated,
 )
 from . import _composite
 
@@ -163,7 +166,7 @@ def _new_mask(y: torch.Tensor, packed: bool = True) -> torch.Tensor:
 
 @torch.library.register_fake("fakequant::fake_quantize_affine")
 def _(input, scale, zero_point, axis, quant_min, quant_max, pack_mask=True):
-    warn_if_translations_missing("fakequant::fake_quantize_affine")
+    refuse_untranslated("fake_quantize_affine")
     _check_meta(input, scale=scale, zero_point=zero_point)
     y = torch.empty_like(input)
     return y, _new_mask(y, pack_mask)
@@ -171,7 +174,7 @@ def _(input, scale, zero_point, axis, quant_min, quant_max, pack_mask=True):
 
 @torch.library.register_fake("fakequant::fake_quantize_amax")
 def _(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=True):
-    warn_if_translations_missing("fakequant::fake_quantize_amax")
+    refuse_untranslated("fake_quantize_amax")
     _check_meta(input, amax=amax)
     y = torch.empty_like(input)
     return y, _new_mask(y)
@@ -179,7 +182,7 @@ def _(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=T
 
 @torch.library.register_fake("fakequant::quantize_amax")
 def _(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=True):
-    warn_if_translations_missing("fakequant::quantize_amax")
+    refuse_untranslated("quantize_amax")
     _check_meta(input, amax=amax)
     y = torch.empty_like(input)
     return y, _new_mask(y)
@@ -187,7 +190,7 @@ def _(input, amax, num_bits=8, unsigned=False, narrow_range=True, check_values=T
 
 @torch.library.register_fake("fakequant::fake_quantize_min_max")
 def _(input, min_range, max_range, num_bits=8):
-    warn_if_translations_missing("fakequant::fake_quantize_min_max")
+    refuse_untranslated("fake_quantize_min_max")
     _check_meta(input, min_range=min_range, max_range=max_range)
     y = torch.empty_like(input)
     return y, _new_mask(y)
@@ -284,6 +287,10 @@ def _affine(
         quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
     if not (isinstance(scale, torch.Tensor) and isinstance(zero_point, torch.Tensor)):
         scale, zero_point = _SCALE_ZERO_POINT(input, scale, zero_point)
+    lowered = lower_symbolically("fake_quantize_affine", input, scale, zero_point, axis, quant_min, quant_max,
+                                 pack_mask)
+    if lowered is not None:  # (a plain torch.onnx.export: the ONNX nodes)
+        return lowered
     if pack_mask and _composite.active():  # the callers with pack_mask=True take the output only
         _check_meta(input, scale=scale, zero_point=zero_point)
         return _composite.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max), None
@@ -353,7 +360,7 @@ def fake_quantize_per_channel_affine_cachemask(
     zero_point = _as_tensor(check_tensor(zero_point, "zero_point"), input, torch.int32, "zero_point")
     axis = check_int(axis, "axis")
     quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
-    return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, False)
+    return _affine(input, scale, zero_point, axis, quant_min, quant_max, False)
 
 
 def _learnable_params(scale: torch.Tensor, zero_point: torch.Tensor) -> None:
@@ -530,6 +537,9 @@ def fake_quantize_amax(
     given: not checked, NaN/inf in it give NaN outputs (see the module docstring).
     """
     input, amax, num_bits, check_values = _amax_args(input, amax, num_bits, check_values)
+    lowered = lower_symbolically("fake_quantize_amax", input, amax, num_bits, unsigned, narrow_range, check_values)
+    if lowered is not None:
+        return _first(lowered, return_mask)
     if pass_through:
         if return_mask:
             raise ValueError("fakequant: return_mask=True has no mask to return with pass_through=True")
@@ -595,7 +605,9 @@ def quantize_amax(
     mask third with ``return_mask=True``. ``check_values`` as in
     :func:`fake_quantize_amax`."""
     input, amax, num_bits, check_values = _amax_args(input, amax, num_bits, check_values)
-    output, mask = _ops.quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
+    lowered = lower_symbolically("quantize_amax", input, amax, num_bits, unsigned, narrow_range, check_values)
+    output, mask = lowered if lowered is not None else _ops.quantize_amax(input, amax, num_bits, unsigned,
+                                                                          narrow_range, check_values)
     amax32 = amax.float()
     bound = float(amax_bound(num_bits, unsigned))
     scale = torch.where(amax32 <= AMAX_EPSILON, torch.ones_like(amax32), bound / amax32)
@@ -649,6 +661,9 @@ def fake_quantize_min_max(
     input = check_tensor(input, "input")
     min_range, max_range = _MIN_MAX(input, min_range, max_range)
     num_bits = check_integer_num_bits(num_bits)
+    lowered = lower_symbolically("fake_quantize_min_max", input, min_range, max_range, num_bits)
+    if lowered is not None:
+        return _first(lowered, return_mask)
     if not return_mask and _composite.active():
         _check_meta(input, min_range=min_range, max_range=max_range)
         return _composite.fake_quantize_min_max(input, min_range, max_range, num_bits)
@@ -665,7 +680,7 @@ def fp8_max(exponent_bits: int = 4, mantissa_bits: int = 3) -> float:
 
 @torch.library.register_fake("fakequant::fake_quantize_fp8")
 def _(input, amax, exponent_bits=4, mantissa_bits=3, check_values=True):
-    warn_if_translations_missing("fakequant::fake_quantize_fp8")
+    refuse_untranslated("fake_quantize_fp8")
     _check_meta(input, amax=amax)
     check_fp8_format(exponent_bits, mantissa_bits)
     y = torch.empty_like(input)
@@ -733,6 +748,9 @@ def fake_quantize_fp8(
     (amax,) = _AMAX(input, amax)
     exponent_bits, mantissa_bits = check_fp8_format(exponent_bits, mantissa_bits)
     check_values = check_bool(check_values, "check_values")
+    lowered = lower_symbolically("fake_quantize_fp8", input, amax, exponent_bits, mantissa_bits, check_values)
+    if lowered is not None:
+        return _first(lowered, return_mask)
     if not return_mask and _composite.active():
         _check_meta(input, amax=amax)
         return _composite.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values)
@@ -801,7 +819,7 @@ def _blockwise_keeps_layout(input: torch.Tensor) -> bool:
 @torch.library.register_fake("fakequant::fake_quantize_blockwise")
 def _(input, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0, scale_amax=None,
       check_values=True, e8m0_scale=False, centered=False):
-    warn_if_translations_missing("fakequant::fake_quantize_blockwise")
+    refuse_untranslated("fake_quantize_blockwise")
     _check_meta(input, **({} if scale_amax is None else {"scale_amax": scale_amax}))
     _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
     y = torch.empty_like(input) if _blockwise_keeps_layout(input) else input.new_empty(input.shape)
@@ -876,7 +894,11 @@ def fake_quantize_blockwise(
     axis %= nd
     moved = input.dim() > 1 and axis != input.dim() - 1
     x = input.movedim(axis, -1) if moved else input
-    if _composite.active():
+    lowered = lower_symbolically("fake_quantize_blockwise", x, block_size, num_bits, unsigned, narrow_range,
+                                 exponent_bits, scale_amax, check_values, e8m0_scale, centered)
+    if lowered is not None:
+        y = lowered[0]
+    elif _composite.active():
         _check_meta(x, **({} if scale_amax is None else {"scale_amax": scale_amax}))
         _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
         y = _composite.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
@@ -907,7 +929,7 @@ def fake_quantize_blockwise(
 
 @torch.library.register_fake("fakequant::fake_quantize_lsq")
 def _(input, scale, zero_point, axis, quant_min, quant_max, grad_factor=1.0):
-    warn_if_translations_missing("fakequant::fake_quantize_lsq")
+    refuse_untranslated("fake_quantize_lsq")
     _check_meta(input, scale=scale, zero_point=zero_point)
     return torch.empty_like(input)
 
@@ -968,6 +990,10 @@ def fake_quantize_lsq(
         grad_factor = 1.0 / math.sqrt(max(n, 1) * max(quant_max, 1))
     else:
         grad_factor = check_float(grad_factor, "grad_factor")
+    lowered = lower_symbolically("fake_quantize_lsq", input, scale, zero_point, axis, quant_min, quant_max,
+                                 grad_factor)
+    if lowered is not None:
+        return lowered
     return _ops.fake_quantize_lsq(input, scale, zero_point, axis, quant_min, quant_max, grad_factor)
 
 
@@ -1045,6 +1071,14 @@ def fused_moving_avg_obs_fake_quant(
     ch_axis = check_int(ch_axis, "ch_axis")
     per_row_fake_quant = check_bool(per_row_fake_quant, "per_row_fake_quant")
     symmetric_quant = check_bool(symmetric_quant, "symmetric_quant")
+    if exporting():
+        # An exported graph is for inference: the observer neither observes nor updates
+        # its buffers; the fake quantization with the current scale and zero point (where
+        # fake_quant_on reads on: flag_on).
+        if not flag_on(fake_quant_on):
+            return input
+        axis = ch_axis if per_row_fake_quant else None
+        return _affine(input, scale, zero_point, axis, quant_min, quant_max, True)[0]
     if fake_quant_on is observer_on:  # one flag for both: torch.compile traces distinct inputs only
         fake_quant_on = fake_quant_on.clone()
     return _FusedMovingAvgObsFakeQuant.apply(

@@ -259,10 +259,10 @@ def _run_fresh(before, check):
     return result.stdout
 
 
-def test_plain_dynamo_export_without_the_table_says_what_to_call_in_a_fresh_process(tmp_path):
-    # Nothing is added to torch's registry: without the table the dynamo exporter fails
-    # on the fakequant node (never a different graph), after a TranslationWarning that
-    # names the calls that work.
+def test_plain_dynamo_export_works_and_an_exported_program_names_the_call_in_a_fresh_process(tmp_path):
+    # A plain torch.onnx.export (dynamo, torch's default) writes the QDQ graph with no
+    # warning and nothing patched into torch; an ExportedProgram traced beforehand by
+    # torch.export.export fails with an error naming fakequant.onnx.export, which exports it.
     path = tmp_path / "m.onnx"
     out = _run_fresh("meta_path = list(sys.meta_path)", f"""
 assert sys.meta_path == meta_path, "import fakequant changed sys.meta_path"
@@ -270,36 +270,28 @@ q = TensorQuantizer(QuantDescriptor(amax=2.0, narrow_range=True)).eval()
 x = torch.randn(3, 5)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    try:
-        torch.onnx.export(q, (x,), {str(path)!r}, dynamo=True, verbose=False)
-        print("exported")
-    except Exception as e:
-        print("raised", type(e).__name__, "fakequant" in str(e))
-hints = [str(w.message) for w in caught if issubclass(w.category, fakequant.onnx.TranslationWarning)]
-print(len(hints) > 0, all("fakequant.onnx.export" in h and "custom_translation_table" in h for h in hints))
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    torch.onnx.export(q, (x,), {str(path)!r}, dynamo=True, verbose=False,
-                      custom_translation_table=fakequant.onnx.custom_translation_table())
-    print("table", sorted(n.op_type for n in onnx.load({str(path)!r}).graph.node))
-print("warned with the table", any(issubclass(w.category, fakequant.onnx.TranslationWarning) for w in caught))
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    with fakequant.enable_onnx_export():
-        torch.onnx.export(q, (x,), {str(path)!r}, dynamo=True, verbose=False,
-                          custom_translation_table=fakequant.onnx.custom_translation_table())
-    fakequant.onnx.export(q, (x,), {str(path)!r}, dynamo=True, verbose=False)
-    print("export", sorted(n.op_type for n in onnx.load({str(path)!r}).graph.node))
-print("warned", sum(issubclass(w.category, fakequant.onnx.TranslationWarning) for w in caught))
+    torch.onnx.export(q, (x,), {str(path)!r}, verbose=False)
+    print("plain", sorted(n.op_type for n in onnx.load({str(path)!r}).graph.node))
+print("fakequant warnings", [str(w.message) for w in caught if w.category.__module__.startswith("fakequant")])
+ep = torch.export.export(q, (x,))
+try:
+    torch.onnx.export(ep, (x,), {str(path)!r}, verbose=False)
+    print("exported the program")
+except Exception as e:
+    chain, cause = [], e
+    while cause is not None:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    ours = [c for c in chain if isinstance(c, fakequant.onnx.TranslationError)]
+    print("program raised", len(ours) > 0 and isinstance(ours[0], RuntimeError) and
+          "fakequant.onnx.export(exported_program" in str(ours[0]))
+fakequant.onnx.export(ep, (x,), {str(path)!r}, verbose=False)
+print("program", sorted(n.op_type for n in onnx.load({str(path)!r}).graph.node))
 """)
-    assert "exported" not in out and "raised" in out, out
-    assert "True True" in out, out
-    assert "table ['Clip', 'DequantizeLinear', 'QuantizeLinear']" in out
-    assert "export ['Clip', 'DequantizeLinear', 'QuantizeLinear']" in out
-    # a warning for the plain export with the table (fakequant cannot see the table), none
-    # inside enable_onnx_export or fakequant.onnx.export
-    assert "warned with the table True" in out and "warned 0" in out, out
-
+    assert "plain ['Clip', 'DequantizeLinear', 'QuantizeLinear']" in out, out
+    assert "fakequant warnings []" in out, out
+    assert "program raised True" in out, out
+    assert "program ['Clip', 'DequantizeLinear', 'QuantizeLinear']" in out, out
 
 def test_fakequant_patches_nothing_of_another_library():
     """No import-time patching: no import hooks, no private torch registries."""

@@ -125,9 +125,10 @@ def export(module, exporter, opset, path):
             torch.onnx.export(module, (x,), str(path), dynamo=False, opset_version=opset,
                               input_names=["x"], output_names=["y"])
         else:
-            torch.onnx.export(module, (x,), str(path), dynamo=True, opset_version=opset,
-                              input_names=["x"], output_names=["y"], verbose=False,
-                              custom_translation_table=fakequant.onnx.custom_translation_table())
+            # (the plain call, told the opset: docs/export.md, the opset of a plain export)
+            with fakequant.onnx.export_options(opset_version=opset):
+                torch.onnx.export(module, (x,), str(path), dynamo=True, opset_version=opset,
+                                  input_names=["x"], output_names=["y"], verbose=False)
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto, full_check=True)
     return proto, [w for w in caught if issubclass(w.category, ExportWarning)]

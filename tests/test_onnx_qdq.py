@@ -135,12 +135,12 @@ class Exported:
                                   input_names=["x"], output_names=NAMES, dynamic_axes={"x": {0: "batch"}})
             else:
                 # Below opset 18 torch's own conversion fails on the scale arithmetic (it
-                # converts before folding it); fakequant.onnx.export folds first.
-                table = fakequant.onnx.custom_translation_table()
-                export = (functools.partial(torch.onnx.export, custom_translation_table=table) if opset >= 17
-                          else fakequant.onnx.export)
-                export(self.model, (x,), str(path), dynamo=True, opset_version=opset, input_names=["x"],
-                       output_names=NAMES, dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False)
+                # converts before folding it); fakequant.onnx.export folds first. From 17 on
+                # the plain call, told the opset (docs/export.md: the opset of a plain export).
+                export = torch.onnx.export if opset >= 17 else fakequant.onnx.export
+                with fakequant.onnx.export_options(opset_version=opset):
+                    export(self.model, (x,), str(path), dynamo=True, opset_version=opset, input_names=["x"],
+                           output_names=NAMES, dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False)
         self.warnings = [w for w in caught if issubclass(w.category, ExportWarning)]
         self.proto = onnx.load(str(path))
         onnx.checker.check_model(self.proto, full_check=True)

@@ -24,14 +24,18 @@ from .constants import (
 from .errors import TypeAndAttributeError, TypeAndValueError, ValueAndRuntimeError
 from .switches import (
     ExportOptions,
-    TranslationWarning,
+    TranslationError,
     export_options,
     current_export_options,
     enable_onnx_export,
     onnx_export_enabled,
     set_onnx_export_enabled,
-    translations_supplied,
-    warn_if_translations_missing,
+    supplying_translations,
+    set_symbolic_lowerings,
+    lower_symbolically,
+    refuse_untranslated,
+    exporting,
+    flag_on,
 )
 from .validation import (
     check_bool,

@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from .validation import check_bool
 
 __all__ = ["ExportOptions", "export_options", "current_export_options", "enable_onnx_export",
-           "onnx_export_enabled", "set_onnx_export_enabled", "translations_supplied",
-           "TranslationWarning", "warn_if_translations_missing"]
+           "onnx_export_enabled", "set_onnx_export_enabled", "supplying_translations", "TranslationError",
+           "set_symbolic_lowerings", "lower_symbolically", "refuse_untranslated", "exporting", "flag_on"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,16 +25,24 @@ class ExportOptions:
         with a Clip on the int8 tensor between QuantizeLinear and
         DequantizeLinear (default). False drops that Clip, as TensorRT needs;
         the graph then differs from PyTorch where ``x / scale`` rounds to -128.
+    opset_version: the opset a plain ``torch.onnx.export(..., dynamo=True)``
+        builds fakequant's nodes for (None: torch's default, 20, or 21 for
+        block-wise formats). A traced operator cannot see the ``opset_version``
+        given to ``torch.onnx.export``: the exporter converts the nodes to a
+        higher one and refuses a lower one; set this to the same value for the
+        graph :func:`fakequant.onnx.export` writes at that opset (int4 and int16
+        types at 21, for example). :func:`fakequant.onnx.export` sets it itself.
     """
 
     clip_narrow_range: bool = True
+    opset_version: Optional[int] = None
 
 
 class _State(threading.local):
     def __init__(self) -> None:
         self.options: Optional[ExportOptions] = None  # ExportOptions or None (the defaults)
         self.onnx_export = False  # inside enable_onnx_export (or fakequant.onnx.export)
-        self.translations = False  # inside fakequant.onnx.export or enable_onnx_export
+        self.translations = False  # inside fakequant.onnx.export's dynamo export (the exporter has the table)
 
 
 _state = _State()
@@ -55,7 +62,11 @@ def export_options(**changes: Any) -> Iterator[ExportOptions]:
     if unknown:
         raise TypeError(f"unknown fakequant ONNX export option(s) {unknown}; the options are {sorted(fields)}")
     for name, value in changes.items():
-        check_bool(value, name)
+        if name == "opset_version":
+            if value is not None and not (type(value) is int and value >= 13):
+                raise ValueError(f"fakequant: opset_version must be None or an int >= 13, got {value!r}")
+        else:
+            check_bool(value, name)
     saved = _state.options
     _state.options = dataclasses.replace(current_export_options(), **changes)
     try:
@@ -75,10 +86,17 @@ def set_onnx_export_enabled(value: bool) -> None:
     _state.onnx_export = check_bool(value, "the ONNX export switch")
 
 
-def translations_supplied() -> bool:
-    """Whether this thread's export is known to carry fakequant's dynamo translations
-    (inside ``fakequant.onnx.export`` or :func:`enable_onnx_export`)."""
-    return _state.translations
+@contextlib.contextmanager
+def supplying_translations() -> Iterator[None]:
+    """Inside it, this thread's dynamo exporter is given fakequant's translations
+    (``fakequant.onnx.export`` passes ``custom_translation_table``): the operators stay
+    in the traced graph instead of emitting their nodes (:func:`lower_symbolically`)."""
+    saved = _state.translations
+    _state.translations = True
+    try:
+        yield
+    finally:
+        _state.translations = saved
 
 
 @contextlib.contextmanager
@@ -91,40 +109,95 @@ def enable_onnx_export(clip_narrow_range: bool = True) -> Iterator[None]:
     drops the Clip that makes a narrow range (``[-127, 127]``) exact, as
     TensorRT needs. Quantizers use fakequant's operators inside it, whatever
     ``TensorQuantizer.use_fb_fake_quant`` says (which reads True inside, as in
-    pytorch-quantization). The TorchScript exporter needs nothing more; with
-    ``dynamo=True`` pass
-    ``custom_translation_table=fakequant.onnx.custom_translation_table()``, or
-    call ``fakequant.onnx.export``, which does both. The previous settings come
-    back on exit, also when the export raises.
+    pytorch-quantization). Neither exporter needs more. The previous settings
+    come back on exit, also when the export raises.
     """
-    saved = (_state.onnx_export, _state.translations)
-    _state.onnx_export = _state.translations = True
+    saved = _state.onnx_export
+    _state.onnx_export = True
     try:
         with export_options(clip_narrow_range=clip_narrow_range):
             yield
     finally:
-        _state.onnx_export, _state.translations = saved
+        _state.onnx_export = saved
 
 
-class TranslationWarning(UserWarning):
-    """A dynamo ONNX export that may lack fakequant's translations."""
+class TranslationError(RuntimeError, ValueError):
+    """A dynamo ONNX export reached a ``torch.ops.fakequant`` node it has no translation
+    for: an ``ExportedProgram`` made beforehand by ``torch.export.export`` (whose
+    operators were traced before the export could lower them). A RuntimeError, as
+    torch's exporter errors are."""
 
 
-_MISSING = (
-    "fakequant: torch.onnx.export(..., dynamo=True) has no translation of fakequant's operators unless "
-    "it is given one: call fakequant.onnx.export(model, args, ...) instead, or pass "
-    "custom_translation_table=fakequant.onnx.custom_translation_table() inside "
-    "`with fakequant.enable_onnx_export():` (which also silences this warning). Without the table the "
-    "exporter fails on the {op} node."
+_symbolic_lowerings: Optional[Dict[str, Callable[..., Any]]] = None
+
+
+def set_symbolic_lowerings(lowerings: Optional[Dict[str, Callable[..., Any]]]) -> None:
+    """The operators' ONNX lowerings for a plain dynamo export (``{op name: function}``,
+    ``fakequant.onnx.symbolic_dynamo``, on ``import fakequant``); None where torch has no
+    ``torch.onnx.ops.symbolic``."""
+    global _symbolic_lowerings
+    _symbolic_lowerings = lowerings
+
+
+_NO_SYMBOLIC = (
+    "fakequant: a plain torch.onnx.export(..., dynamo=True) of fakequant's operators needs "
+    "torch.onnx.ops.symbolic (torch >= 2.8), which torch {version} lacks: call "
+    "fakequant.onnx.export(model, args, f) (it passes fakequant's custom_translation_table), or "
+    "torch.onnx.export(..., dynamo=False)"
 )
 
 
-def warn_if_translations_missing(op: str) -> None:
-    """Warns, while the dynamo exporter traces a fakequant operator outside
-    ``fakequant.onnx.export`` and ``enable_onnx_export``, which call makes the export work."""
+def lower_symbolically(op: str, *args: Any) -> Any:
+    """What operator ``op`` (``torch.ops.fakequant.<op>``) gives while torch's dynamo exporter
+    traces it outside ``fakequant.onnx.export``: its ONNX nodes, emitted with
+    ``torch.onnx.ops.symbolic`` (same outputs as the operator); None when no such export
+    runs (the caller then calls the operator)."""
+    if _state.translations:
+        return None
+    import torch
+
+    if not torch.onnx.is_in_onnx_export() or torch.jit.is_tracing():
+        return None  # (the TorchScript exporter traces the operators and has their symbolics)
+    if _symbolic_lowerings is None:
+        raise TranslationError(_NO_SYMBOLIC.format(version=torch.__version__))
+    return _symbolic_lowerings[op](*args)
+
+
+_UNTRANSLATED = (
+    "fakequant: torch.onnx.export(..., dynamo=True) reached the fakequant::{op} node of a graph "
+    "traced beforehand (an ExportedProgram from torch.export.export), which it has no translation "
+    "for. Call fakequant.onnx.export(exported_program, args, f), which gives the exporter "
+    "fakequant's translations (or pass custom_translation_table=fakequant.onnx.custom_translation_table() "
+    "to torch.onnx.export); a model (nn.Module) exports with a plain torch.onnx.export."
+)
+
+
+def refuse_untranslated(op: str) -> None:
+    """Raises :class:`TranslationError` where the dynamo exporter retraces a fakequant
+    operator it will have no translation for (an ExportedProgram given to torch.onnx.export
+    without fakequant's table); nothing otherwise. Called by the operators' fake kernels."""
     if _state.translations:
         return
     import torch
 
     if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
-        warnings.warn(_MISSING.format(op=op), TranslationWarning, stacklevel=3)
+        raise TranslationError(_UNTRANSLATED.format(op=op))
+
+
+def exporting() -> bool:
+    """Whether an ONNX exporter (either) is tracing: the graph it writes is for inference,
+    so observers neither observe nor update buffers while it runs."""
+    import torch
+
+    return torch.onnx.is_in_onnx_export()
+
+
+def flag_on(flag: Any) -> bool:
+    """A module's on/off buffer (torch.ao's ``fake_quant_enabled``) as an export reads it:
+    its value under the TorchScript exporter's trace; on under the dynamo exporter, whose
+    trace has no values to read (fake tensors)."""
+    import torch
+
+    if torch.jit.is_tracing() or not exporting():
+        return bool(flag.reshape(-1)[0])
+    return True

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from .. import ops
+from .. import _core, ops
 
 if TYPE_CHECKING:
     # The torch.ao classes the mixins below are placed before (base classes for the type
@@ -30,7 +30,8 @@ class FakeQuantizeForward(_FakeQuantizeBase):
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         observer = self.activation_post_process
-        if self.observer_enabled[0] == 1:
+        # (an export's graph is for inference: no observing; _core.flag_on)
+        if not _core.exporting() and self.observer_enabled[0] == 1:
             observer(X.detach())
             scale, zero_point = self.calculate_qparams()
             scale, zero_point = scale.to(self.scale.device), zero_point.to(self.zero_point.device)
@@ -39,7 +40,7 @@ class FakeQuantizeForward(_FakeQuantizeBase):
                 self.zero_point.resize_(zero_point.shape)
             self.scale.copy_(scale)
             self.zero_point.copy_(zero_point)
-        if self.fake_quant_enabled[0] == 1:
+        if _core.flag_on(self.fake_quant_enabled):
             axis = self.ch_axis if self.is_per_channel else None
             X = ops.fake_quantize_affine(X, self.scale, self.zero_point, axis, observer.quant_min, observer.quant_max)
         return X
@@ -65,9 +66,10 @@ class LearnableForward(_LearnableBase):
         def _observe(self, X: torch.Tensor) -> None: ...
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        self._observe(X)
-        if self.fake_quant_enabled[0] == 1:
-            if self.qscheme in _SYMMETRIC:
+        if not _core.exporting():
+            self._observe(X)
+        if _core.flag_on(self.fake_quant_enabled):
+            if self.qscheme in _SYMMETRIC and not _core.exporting():
                 self.zero_point.data.zero_()
             grad_factor = 1.0 / (X.numel() * self.quant_max) ** 0.5 if self.use_grad_scaling else 1.0
             if self.qscheme in _PER_CHANNEL:

@@ -7,15 +7,14 @@ only:
   ``torch.onnx.register_custom_op_symbolic`` (``fakequant.onnx.symbolic_torchscript``) on
   ``import fakequant`` (:func:`register`), so a plain ``torch.onnx.export``
   works;
-* dynamo (``dynamo=True``, torch's default): the translations go in through
-  ``torch.onnx.export(custom_translation_table=custom_translation_table())``,
-  which :func:`export` passes. torch has no public registry to add them to
-  for good, so a plain ``torch.onnx.export(model, args, dynamo=True)`` warns
-  (:class:`TranslationWarning`, saying which call to make) while it traces a
-  fakequant operator, and the exporter then fails on that node; it never
-  writes a different graph.
+* dynamo (``dynamo=True``, torch's default): while a plain ``torch.onnx.export``
+  traces the model, each fakequant operator emits its ONNX nodes with
+  ``torch.onnx.ops.symbolic`` (``fakequant.onnx.symbolic_dynamo``);
+  :func:`export` instead hands the exporter the translations of
+  ``translation_dynamo`` (``custom_translation_table``), which also export an
+  ``ExportedProgram`` traced beforehand. Both write the same graph.
 
-:func:`export` does both with fakequant's options and checks. The graph and its
+:func:`export` adds fakequant's options and checks. The graph and its
 numerics are described in README.md ("Export to ONNX").
 """
 from __future__ import annotations
@@ -26,23 +25,25 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 
 from .. import _core
-from . import _lowering, _options, symbolic_torchscript, translation_dynamo  # noqa: F401
-from .._core import TranslationWarning, enable_onnx_export
+from . import _lowering, _options, symbolic_dynamo, symbolic_torchscript, translation_dynamo  # noqa: F401
+from .._core import TranslationError, enable_onnx_export, supplying_translations
 from ._lowering import ExportWarning
 from ._options import ExportOptions, export_options
 from .translation_dynamo import custom_translation_table
 
-__all__ = ["export", "export_options", "ExportOptions", "ExportWarning", "TranslationWarning",
+__all__ = ["export", "export_options", "ExportOptions", "ExportWarning", "TranslationError",
            "custom_translation_table", "register", "enable_onnx_export"]
 
 
 def register() -> Dict[torch._ops.OpOverload, Callable[..., Any]]:
     """Registers the TorchScript exporter's symbolic functions of the
-    ``torch.ops.fakequant`` operators (``torch.onnx.register_custom_op_symbolic``).
+    ``torch.ops.fakequant`` operators (``torch.onnx.register_custom_op_symbolic``)
+    and hands the operators their lowerings for a plain dynamo export.
     Runs on ``import fakequant``; calling it again is harmless. Returns
     :func:`custom_translation_table`, the dynamo exporter's translations, which
     ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)`` takes."""
     symbolic_torchscript.register()
+    symbolic_dynamo.register()
     return custom_translation_table()
 
 
@@ -103,7 +104,7 @@ def export(
         kwargs["opset_version"] = opset_version
     save = {k: kwargs.pop(k) for k in ("export_params", "keep_initializers_as_inputs", "external_data")
             if k in kwargs}
-    with enable_onnx_export(clip_narrow_range=clip_narrow_range):
+    with enable_onnx_export(clip_narrow_range=clip_narrow_range), supplying_translations():
         program = torch.onnx.export(model, args, None if convert_to else f, dynamo=True, **kwargs, **(
             {} if convert_to else save))
     if convert_to is not None:

@@ -71,6 +71,10 @@ class Builder:
     def const(self, tensor: torch.Tensor):
         raise NotImplementedError
 
+    def ints(self, values) -> object:
+        """A constant int64 vector (axes, shapes, pads, slice bounds)."""
+        return self.const(torch.tensor(list(values), dtype=torch.int64))
+
     def dtype(self, value) -> Optional[torch.dtype]:
         raise NotImplementedError
 
@@ -101,7 +105,7 @@ def _scalar(b, value, dtype=torch.float32):
 
 
 def _axes(b, axes):
-    return b.const(torch.tensor(list(axes), dtype=torch.int64))
+    return b.ints(axes)
 
 
 def _squeeze(b, value):
@@ -270,6 +274,14 @@ def _float_clip(b, y, lo, hi, per_channel):
     return b.op("Max", b.op("Min", y, hi), lo)
 
 
+def _unsigned_zero(b, r, dtype=torch.float32):
+    """The rounded level with +0.0 for -0.0 (Round keeps the sign of a small negative
+    quotient; the operators give +0.0), every other value unchanged. A Where: the
+    exporters' optimizers drop an ``Add(r, 0)``."""
+    zero = _scalar(b, 0.0, dtype)
+    return b.op("Where", b.op("Equal", r, zero), zero, r)
+
+
 def _cast_back(b, y, dtype, onnx_compute):
     target = ONNX_FLOAT_TYPES[dtype]
     return y if target == onnx_compute else b.op("Cast", y, to=target)
@@ -315,7 +327,7 @@ def lower_amax(b, x, amax, num_bits, unsigned, narrow_range, integer_output=Fals
               "(exact in ONNX Runtime, but not a QuantizeLinear/DequantizeLinear pair)")
         ct = torch.float64 if compute == DOUBLE else torch.float32
         s = _to_float(b, _amax_scale(b, _to_float(b, amax), bound), compute)  # amax's own shape
-        r = b.op("Round", b.op("Div", _to_float(b, x, compute), s))
+        r = _unsigned_zero(b, b.op("Round", b.op("Div", _to_float(b, x, compute), s)), ct)
         q = b.op("Clip", r, _scalar(b, float(qmin), ct), _scalar(b, float(qmax), ct))
         y = q if integer_output else b.op("Mul", q, s)
         return _cast_back(b, y, dtype, compute)
@@ -428,7 +440,8 @@ def lower_min_max(b, x, min_range, max_range, num_bits):
         first = b.op("Round", b.op("Div", mn, step))
         last = b.op("Add", first, _scalar(b, float(levels)))
         step_c, first_c, last_c = (_to_float(b, v, compute) for v in (step, first, last))
-        r = b.op("Round", b.op("Div", _to_float(b, x, compute), step_c))
+        ct = torch.float64 if compute == DOUBLE else torch.float32
+        r = _unsigned_zero(b, b.op("Round", b.op("Div", _to_float(b, x, compute), step_c)), ct)
         y = b.op("Mul", b.op("Max", b.op("Min", r, last_c), first_c), step_c)
         return _cast_back(b, y, dtype, compute)
     mn, mx = _to_float(b, _squeeze(b, min_range)), _to_float(b, _squeeze(b, max_range))
@@ -535,18 +548,17 @@ def _to_blocks(b, value, rank, length, block_size, mode="constant"):
     if pad:
         pads = [0] * (2 * rank)
         pads[2 * rank - 1] = pad  # the end of the last axis
-        value = b.op("Pad", value, b.const(torch.tensor(pads, dtype=torch.int64)), mode=mode)
+        value = b.op("Pad", value, b.ints(pads), mode=mode)
     # -1 for the first dimension, 0 (keep) for the others before the last: the TorchScript
     # exporter's shape inference cannot take a shape with a 0 and no -1 (an internal assert).
     shape = ([-1] + [0] * (rank - 2) if rank > 1 else []) + [nblocks, block_size]
-    return b.op("Reshape", value, b.const(torch.tensor(shape, dtype=torch.int64)))
+    return b.op("Reshape", value, b.ints(shape))
 
 
 def _from_blocks(b, value, rank, length):
     """The inverse of _to_blocks."""
-    value = b.op("Reshape", value, b.const(torch.tensor([0] * (rank - 1) + [-1], dtype=torch.int64)))
-    return b.op("Slice", value, b.const(torch.tensor([0])), b.const(torch.tensor([length])),
-                b.const(torch.tensor([rank - 1])))
+    value = b.op("Reshape", value, b.ints([0] * (rank - 1) + [-1]))
+    return b.op("Slice", value, b.ints([0]), b.ints([length]), b.ints([rank - 1]))
 
 
 def _round_to_format(b, v, exponent_bits, mantissa_bits):

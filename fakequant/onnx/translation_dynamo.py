@@ -3,10 +3,10 @@ default): ONNX translations of the ``torch.ops.fakequant`` operators.
 
 :func:`custom_translation_table` is what ``torch.onnx.export`` takes as
 ``custom_translation_table`` (torch's public way to add translations);
-:func:`fakequant.onnx.export` passes it. Nothing is added to torch's own
-registry: a plain ``torch.onnx.export(model, args, dynamo=True)`` without the
-table warns (``fakequant.onnx.TranslationWarning``, naming both calls) while it
-traces the model, and the exporter then fails on the first fakequant node.
+:func:`fakequant.onnx.export` passes it, which keeps the ``torch.ops.fakequant``
+operators in the traced graph and translates them here (a plain ``torch.onnx.export``
+gets the same nodes from the operators themselves: ``symbolic_dynamo.py``), and which is
+how an ``ExportedProgram`` traced beforehand exports.
 
 The translations are traced Python functions: the exporter calls them with
 ``onnx_ir`` values for the tensors and Python values for the other arguments,

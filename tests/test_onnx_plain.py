@@ -1,0 +1,223 @@
+"""A plain ``torch.onnx.export(model, args, f)`` works on fakequant models, as scripts
+written for torch call it: torch's default (dynamo) exporter and the TorchScript one.
+
+The exports run in a fresh process (tests/onnx_plain_worker.py) that imports fakequant and
+calls no ``fakequant.onnx`` function. Each graph then passes ``onnx.checker`` (full check),
+runs in ONNX Runtime (default session options and ORT_DISABLE_ALL) bit for bit against
+PyTorch per quantizer (whole models: against the graph of ``fakequant.onnx.export``), and
+is node for node the graph ``fakequant.onnx.export`` writes, initializers included.
+
+The models are tests/onnx_cases.py's; the jobs below run in ``make test``, every case at
+every opset it allows with FAKEQUANT_SLOW_TESTS=1 (``make slow``).
+"""
+import hashlib
+import json
+import pathlib
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+import fakequant  # noqa: E402
+import onnx_cases  # noqa: E402
+from conftest import SLOW, bits_equal  # noqa: E402
+
+HERE = pathlib.Path(__file__).parent
+
+# (case, exporter, opset, declared): declared jobs also set
+# fakequant.onnx.export_options(opset_version=opset) around the plain call, which makes the
+# graph at 21 fakequant.onnx.export's (int4/int16 types, no zero points).
+FAST_JOBS = [
+    ("qdq_zoo", "dynamo", 13, False), ("qdq_zoo", "dynamo", 17, False), ("qdq_zoo", "dynamo", 19, False),
+    ("qdq_zoo", "dynamo", 21, False), ("qdq_zoo", "dynamo", 21, True), ("qdq_zoo", "torchscript", 17, False),
+    ("int_2_5_12_16_bits", "dynamo", 21, True), ("int_2_5_12_16_bits", "dynamo", 19, False),
+    ("int_2_5_12_16_bits", "torchscript", 17, False),
+    ("torch_affine_family", "dynamo", 19, False), ("torch_affine_family", "torchscript", 13, False),
+    ("learned_amax", "dynamo", 17, False), ("learned_amax", "torchscript", 17, False),
+    ("lsq_learned_scale", "dynamo", 19, False),
+    ("ao_prepare_qat_fused", "dynamo", 17, False), ("ao_prepare_qat_fused", "torchscript", 17, False),
+    ("ao_prepare_qat_fake_quantize", "dynamo", 19, False), ("ao_prepare_qat_fake_quantize", "torchscript", 13, False),
+    ("pytorch_quantization_flow", "dynamo", 19, False), ("pytorch_quantization_flow", "torchscript", 17, False),
+    ("pytorch_quantization_flow_fb", "dynamo", 21, True), ("pytorch_quantization_flow_fb", "torchscript", 13, False),
+    ("fp8_e4m3", "dynamo", 19, False), ("fp8_per_channel", "torchscript", 19, False),
+    ("nvfp4", "dynamo", 21, False), ("mxfp4", "dynamo", 21, False), ("mxint8", "dynamo", 21, False),
+    ("per_token_asym_int8", "dynamo", 21, False), ("per_token_fp8", "dynamo", 21, False),
+    ("static_blocks_int4", "dynamo", 21, False), ("dynamic_blocks_int4", "dynamo", 21, False),
+    ("lsq_per_channel", "dynamo", 13, False),
+    ("llama_W8A8_attention", "dynamo", 21, False), ("llama_NVFP4", "dynamo", 21, False),
+]
+
+
+def _all_jobs():
+    jobs = []
+    for name, case in onnx_cases.CASES.items():
+        for exporter in case.exporters:
+            for opset in case.opsets(exporter):
+                jobs.append((name, exporter, opset, False))
+                if exporter == "dynamo" and opset == 21:
+                    jobs.append((name, exporter, opset, True))
+    return jobs
+
+
+JOBS = _all_jobs() if SLOW else FAST_JOBS
+IDS = [f"{c}-{e}-{o}{'-declared' if d else ''}" for c, e, o, d in JOBS]
+
+
+def _stem(job):
+    name, exporter, opset, declared = job
+    return f"{name}_{exporter}_{opset}{'_declared' if declared else ''}"
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The plain exports of JOBS, made by one worker process."""
+    out = tmp_path_factory.mktemp("plain")
+    subprocess.run([sys.executable, str(HERE / "onnx_plain_worker.py"), str(out), json.dumps(JOBS)],
+                   check=True, cwd=HERE.parent, timeout=3000)
+    return out
+
+
+def _load(plain, job):
+    path = plain / f"{_stem(job)}.onnx"
+    error = path.with_suffix(".error")
+    if error.exists():
+        pytest.fail(f"plain torch.onnx.export failed:\n{error.read_text()}")
+    return path
+
+
+def _reference(tmp_path, job):
+    """The model of ``job`` and the graph fakequant.onnx.export writes for it."""
+    name, exporter, opset, _ = job
+    case = onnx_cases.CASES[name]
+    model = case.make().eval()
+    path = tmp_path / "reference.onnx"
+    kwargs = {"dynamic_axes": {"x": {0: "batch"}}} if case.dynamic_batch else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fakequant.onnx.export(model, (case.inputs()[0],), str(path), dynamo=exporter == "dynamo",
+                              opset_version=opset, input_names=["x"], **kwargs)
+    return model, path
+
+
+def _run(path, x, optimizations):
+    options = ort.SessionOptions()
+    if not optimizations:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x.numpy()})
+
+
+def _as_list(y):
+    return list(y) if isinstance(y, (tuple, list)) else [y]
+
+
+@pytest.mark.parametrize("job", JOBS, ids=IDS)
+def test_plain_export_runs_bit_for_bit(plain, tmp_path, job):
+    name = job[0]
+    case = onnx_cases.CASES[name]
+    path = _load(plain, job)
+    onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+    model, reference = _reference(tmp_path, job)
+    for n, x in enumerate(case.inputs()):
+        with torch.no_grad():
+            expected = [t.numpy() for t in _as_list(model(x))]
+        for optimizations in (True, False):
+            got = _run(path, x, optimizations)
+            if case.kind == "model":  # float layers between quantizers: the reference graph's numbers
+                expected = _run(reference, x, optimizations)
+            assert len(got) == len(expected)
+            for i, (g, e) in enumerate(zip(got, expected)):
+                assert bits_equal(g, e), (f"{name} output {i}, input {n}, optimizations={optimizations}: "
+                                          f"{int(((g != e) | (np.signbit(g) != np.signbit(e))).sum())} differ")
+    if case.kind == "model":  # and the reference graph runs what PyTorch computes, up to float rounding
+        x = case.inputs()[0]
+        with torch.no_grad():
+            y = _as_list(model(x))[0]
+        np.testing.assert_allclose(_run(reference, x, True)[0], y.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def canonical(proto):
+    """The graph as node-for-node comparable data: each node's type, attributes and inputs,
+    where an input is a graph input (by position), an initializer or Constant (by type,
+    shape and bytes) or another node's output (by that node's position). An attribute set
+    to its default in the operator's schema counts as left out (onnxscript writes the
+    defaults, torch.onnx.ops.symbolic what it is given)."""
+    graph = proto.graph
+    version = {o.domain: o.version for o in proto.opset_import}
+    names = {inp.name: ("input", i) for i, inp in enumerate(graph.input)}
+    for init in graph.initializer:
+        names[init.name] = _tensor_key(init)
+    nodes = []
+    for k, node in enumerate(graph.node):
+        defaults = _defaults(node.op_type, node.domain, version.get(node.domain, 1))
+        attrs = sorted((a.name, _attr_key(a)) for a in node.attribute if _attr_key(a) != defaults.get(a.name))
+        if node.op_type == "Constant":
+            names[node.output[0]] = ("const", attrs)
+            continue
+        nodes.append((node.domain, node.op_type, attrs, [names.get(i, ("missing", i)) if i else None
+                                                         for i in node.input]))
+        for j, out in enumerate(node.output):
+            names[out] = ("node", len(nodes) - 1, j)
+    outputs = [names.get(o.name) for o in graph.output]
+    opsets = sorted((o.domain, o.version) for o in proto.opset_import)
+    return opsets, nodes, outputs
+
+
+def _defaults(op_type, domain, opset):
+    schema = onnx.defs.get_schema(op_type, opset, domain)
+    return {name: _attr_key(a.default_value) for name, a in schema.attributes.items()
+            if a.default_value.type != onnx.AttributeProto.UNDEFINED}
+
+
+def _tensor_key(t):
+    raw = onnx.numpy_helper.to_array(t).tobytes()
+    return ("tensor", t.data_type, tuple(t.dims), hashlib.sha256(raw).hexdigest())
+
+
+def _attr_key(a):
+    if a.type == onnx.AttributeProto.TENSOR:
+        return _tensor_key(a.t)
+    value = onnx.helper.get_attribute_value(a)
+    return value.decode() if isinstance(value, bytes) else repr(value)
+
+
+def _comparable(job):
+    name, exporter, opset, declared = job
+    if exporter == "dynamo" and opset == 21 and not declared:
+        return "at 21 without export_options(opset_version=21) the nodes are built for opset 20"
+    if exporter == "dynamo" and opset < 18:
+        return ("below 18 torch converts the dynamo graph itself (it keeps opset 18 where ONNX's "
+                "converter fails); fakequant.onnx.export converts it after folding the scales")
+    return None
+
+
+@pytest.mark.parametrize("job", JOBS, ids=IDS)
+def test_plain_graph_is_fakequant_onnx_export_graph(plain, tmp_path, job):
+    reason = _comparable(job)
+    if reason:
+        pytest.skip(reason)
+    path = _load(plain, job)
+    _, reference = _reference(tmp_path, job)
+    got, expected = canonical(onnx.load(str(path))), canonical(onnx.load(str(reference)))
+    assert got[0] == expected[0], "opsets"
+    assert [n[:2] for n in got[1]] == [n[:2] for n in expected[1]], "node types"
+    for k, (g, e) in enumerate(zip(got[1], expected[1])):
+        assert g == e, f"node {k} ({g[1]}) differs"
+    assert got[2] == expected[2], "outputs"
+
+
+@pytest.mark.xfail(strict=True, reason="known bug: two learn_amax quantizers in one model give a dynamo graph "
+                   "that reads an initializer it lacks ('x_min_1'), with fakequant.onnx.export too")
+def test_two_learned_amax_quantizers_export_with_dynamo(tmp_path):
+    model = onnx_cases.Outputs(onnx_cases._pact(), onnx_cases._pact()).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(2, 4, 24),), str(tmp_path / "m.onnx"))
+    onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")), full_check=True)
