@@ -26,7 +26,7 @@ the opset lacks.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -112,15 +112,15 @@ class _SymbolicBuilder(_lowering.Builder):
             axes = self._values(inputs[1])
             shape = [d for i, d in enumerate(x.shape) if i not in {a % x.dim() for a in axes}]
         elif op_type == "Unsqueeze":
-            axes = self._values(inputs[1])
-            rank = x.dim() + len(axes)
-            axes = {a % rank for a in axes}
+            added = self._values(inputs[1])
+            rank = x.dim() + len(added)
+            inserted = {a % rank for a in added}
             rest = iter(x.shape)
-            shape = [1 if i in axes else next(rest) for i in range(rank)]
+            shape = [1 if i in inserted else next(rest) for i in range(rank)]
         elif op_type in ("ReduceMax", "ReduceMin"):
-            axes = {a % x.dim() for a in self._values(inputs[1])}
+            reduced = {a % x.dim() for a in self._values(inputs[1])}
             keep = attrs.get("keepdims", 1)
-            shape = [1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes]
+            shape = [1 if i in reduced else d for i, d in enumerate(x.shape) if keep or i not in reduced]
         elif op_type == "Reshape":
             target = self._values(inputs[1])
             shape = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
@@ -215,7 +215,7 @@ def fake_quantize_lsq(input, scale, zero_point, axis=None, quant_min=-128, quant
     return _lowering.lower_affine(_SymbolicBuilder(_opset()), input, scale, zero_point, axis, quant_min, quant_max)
 
 
-LOWERINGS = {
+LOWERINGS: Dict[str, Callable[..., Any]] = {
     "fake_quantize_amax": fake_quantize_amax,
     "quantize_amax": quantize_amax,
     "fake_quantize_affine": fake_quantize_affine,
