@@ -21,9 +21,10 @@ input) gives NaN outputs and a zero mask, on every device.
 On CUDA, pass scale/zero_point/amax as device tensors: a Python number becomes
 a host-to-device copy on every call (and cannot be captured in a CUDA graph).
 """
+import functools
 import math
 import numbers
-from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, TypeVar, Union, cast, overload
 
 import torch
 
@@ -45,7 +46,8 @@ from ._core import (
     lower_symbolically,
     refuse_untranslated,
 )
-from . import _composite
+from . import _composite, reference
+from ._core.errors import TypeAndRuntimeError, ValueAndRuntimeError
 
 __all__ = [
     "fake_quantize_affine",
@@ -128,6 +130,28 @@ class _Params:
 
     def _make(self, like: torch.Tensor, values: Tuple[TensorOrNumber, ...]) -> Tuple[torch.Tensor, ...]:
         return tuple(_as_tensor(v, like, dtype, name) for v, (name, dtype) in zip(values, self.params))
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _raises_like_torch(fn: _F) -> _F:
+    """For the replacements of torch's functions: a bad argument raises an exception that
+    is both fakequant's type and torch's (RuntimeError), so ``except RuntimeError`` in code
+    written for torch still catches it (ValueAndRuntimeError, TypeAndRuntimeError)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError:
+            raise
+        except ValueError as e:
+            raise ValueAndRuntimeError(*e.args) from e
+        except TypeError as e:
+            raise TypeAndRuntimeError(*e.args) from e
+
+    return cast(_F, wrapper)  # (the same signature: functools.wraps)
 
 
 _SCALE_ZERO_POINT = _Params(("scale", torch.float32), ("zero_point", torch.int32))
@@ -297,6 +321,7 @@ def _affine(
     return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask)
 
 
+@_raises_like_torch
 def fake_quantize_per_tensor_affine(
     input: torch.Tensor,
     scale: TensorOrNumber,
@@ -313,6 +338,7 @@ def fake_quantize_per_tensor_affine(
     return _affine(input, scale, zero_point, None, quant_min, quant_max, True)[0]
 
 
+@_raises_like_torch
 def fake_quantize_per_channel_affine(
     input: torch.Tensor,
     scale: torch.Tensor,
@@ -323,13 +349,56 @@ def fake_quantize_per_channel_affine(
 ) -> torch.Tensor:
     """Drop-in for ``torch.fake_quantize_per_channel_affine`` (same signature).
 
-    Zero points must be integers (torch also takes fractional float zero
-    points, which no integer QDQ graph can represent).
+    An integer ``zero_point`` tensor follows fakequant's contract. A floating-point one
+    follows torch's rule for that case, as torch does whatever its values (torch.ao's
+    float qparams, zero points with fractions such as 127.336): the zero point is added
+    before rounding, ``(clamp(rint(x / s + zp), quant_min, quant_max) - zp) * s``
+    (:func:`fakequant.reference.fake_quantize_affine_float_zero_point`); an ONNX export
+    writes that arithmetic (no QDQ pair holds a fractional zero point).
     """
+    if isinstance(zero_point, torch.Tensor) and zero_point.is_floating_point():
+        return _float_zero_point(input, scale, zero_point, axis, quant_min, quant_max, False)
     # (an int, as torch's op takes: None would be per tensor in _affine)
     return _affine(input, scale, zero_point, check_int(axis, "axis"), quant_min, quant_max, True)[0]
 
 
+def float_zero_point_rule(input: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int,
+                          quant_min: int, quant_max: int, gradient: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(y, bool mask)`` of torch's rule for a floating-point zero point
+    (:func:`fakequant.reference.fake_quantize_affine_float_zero_point`; ``axis`` >= 0), the
+    gradient passing where the mask is set. Plain PyTorch (it serves torch.ao's float-qparams
+    embeddings, which save the bool mask), so that TorchScript compiles it too.
+    ``gradient=False`` (an export): the values alone."""
+    y, mask = reference.fake_quantize_affine_float_zero_point(input, scale, zero_point, axis, quant_min, quant_max)
+    if gradient and input.requires_grad:
+        # value: y (input - input is +0 where the mask is set); gradient: the mask's
+        y = y + torch.where(mask, input - input.detach(), torch.zeros_like(input))
+    return y, mask
+
+
+def _float_zero_point(input, scale, zero_point, axis, quant_min, quant_max, return_mask):
+    """torch's per-channel rule for a floating-point zero point: checks, then the rule
+    (inside an autograd function; as the plain arithmetic while an exporter traces)."""
+    input = check_tensor(input, "input")
+    scale = check_tensor(scale, "scale")
+    axis = check_int(axis, "axis")
+    quant_min, quant_max = check_int(quant_min, "quant_min"), check_int(quant_max, "quant_max")
+    _check_meta(input, scale=scale, zero_point=zero_point)
+    if not -input.dim() <= axis < max(input.dim(), 1):
+        raise IndexError(f"fakequant: axis {axis} is out of range for input with {input.dim()} dimensions")
+    axis %= max(input.dim(), 1)
+    channels = input.size(axis) if input.dim() else 1
+    for name, t in (("scale", scale), ("zero_point", zero_point)):
+        if t.numel() != channels:
+            raise ValueAndRuntimeError(f"fakequant: {name} must have {channels} elements (input.size({axis})), "
+                                       f"got {t.numel()}")
+    if quant_min > quant_max:
+        raise ValueAndRuntimeError(f"fakequant: quant_min ({quant_min}) must be <= quant_max ({quant_max})")
+    y, mask = float_zero_point_rule(input, scale, zero_point, axis, quant_min, quant_max, not exporting())
+    return (y, mask) if return_mask else y
+
+
+@_raises_like_torch
 def fake_quantize_per_tensor_affine_cachemask(
     input: torch.Tensor,
     scale: TensorOrNumber,
@@ -344,6 +413,7 @@ def fake_quantize_per_tensor_affine_cachemask(
     return _affine(input, scale, zero_point, None, quant_min, quant_max, False)
 
 
+@_raises_like_torch
 def fake_quantize_per_channel_affine_cachemask(
     input: torch.Tensor,
     scale: torch.Tensor,
@@ -355,6 +425,8 @@ def fake_quantize_per_channel_affine_cachemask(
     """Drop-in for ``torch.fake_quantize_per_channel_affine_cachemask``: ``(output, bool mask)``
     as :func:`fake_quantize_per_tensor_affine_cachemask`, one scale and zero point per
     index of ``axis``."""
+    if isinstance(zero_point, torch.Tensor) and zero_point.is_floating_point():
+        return _float_zero_point(input, scale, zero_point, axis, quant_min, quant_max, True)
     input = check_tensor(input, "input")
     scale = _as_tensor(check_tensor(scale, "scale"), input, torch.float32, "scale")
     zero_point = _as_tensor(check_tensor(zero_point, "zero_point"), input, torch.int32, "zero_point")
@@ -371,6 +443,7 @@ def _learnable_params(scale: torch.Tensor, zero_point: torch.Tensor) -> None:
             raise TypeError(f"fakequant: {name} must be a floating-point tensor, got {t.dtype}")
 
 
+@_raises_like_torch
 def _fake_quantize_learnable_per_tensor_affine(
     input: torch.Tensor,
     scale: torch.Tensor,
@@ -394,6 +467,7 @@ def _fake_quantize_learnable_per_tensor_affine(
                              grad_factor)
 
 
+@_raises_like_torch
 def _fake_quantize_learnable_per_channel_affine(
     input: torch.Tensor,
     scale: torch.Tensor,
@@ -1032,6 +1106,7 @@ class _FusedMovingAvgObsFakeQuant(torch.autograd.Function):
         return (mask_grad(grad, mask, ctx.output_stride),) + (None,) * ctx.num_args
 
 
+@_raises_like_torch
 def fused_moving_avg_obs_fake_quant(
     input: torch.Tensor,
     observer_on: torch.Tensor,
@@ -1084,6 +1159,39 @@ def fused_moving_avg_obs_fake_quant(
     return _FusedMovingAvgObsFakeQuant.apply(
         input, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const,
         quant_min, quant_max, ch_axis, per_row_fake_quant, symmetric_quant)
+
+
+# --- TorchScript: what torch.jit.script of fakequant.ao's modules compiles ---------------
+# (torch.jit.script compiles these with the module; eager code calls the functions above)
+
+
+def scripted_fake_quantize_affine(input: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                                  axis: Optional[int], quant_min: int, quant_max: int) -> torch.Tensor:
+    """The affine operator as TorchScript calls it (the C++ checks and autograd formula
+    apply); a floating-point zero point per channel takes torch's rule for it, as
+    :func:`fake_quantize_per_channel_affine`."""
+    if axis is not None and zero_point.is_floating_point():
+        axis = axis % max(input.dim(), 1)
+        return float_zero_point_rule(input, scale, zero_point, axis, quant_min, quant_max)[0]
+    return torch.ops.fakequant.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, True)[0]
+
+
+def scripted_fused_moving_avg_obs_fake_quant(
+    input: torch.Tensor, observer_on: torch.Tensor, fake_quant_on: torch.Tensor, running_min: torch.Tensor,
+    running_max: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, averaging_const: float,
+    quant_min: int, quant_max: int, ch_axis: int, per_row_fake_quant: bool, symmetric_quant: bool,
+) -> torch.Tensor:
+    """:func:`fused_moving_avg_obs_fake_quant` as TorchScript calls it: the fused operator
+    observes and updates the buffers, then the affine operator (which has its gradient in
+    TorchScript, unlike the fused one) fake-quantizes with the updated scale and zero point:
+    the same output, by the same rule."""
+    torch.ops.fakequant.fused_moving_avg_obs_fake_quant(
+        input.detach(), observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const,
+        quant_min, quant_max, ch_axis, per_row_fake_quant, symmetric_quant)
+    if bool(fake_quant_on.reshape(-1)[0] == 0):
+        return input
+    axis: Optional[int] = ch_axis if per_row_fake_quant else None
+    return torch.ops.fakequant.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, True)[0]
 
 
 # === end fused observer ===

@@ -13,6 +13,8 @@ float16/bfloat16 inputs compute in float32, float64 inputs in float64.
 """
 import math
 
+from typing import Tuple
+
 import torch
 
 AMAX_EPSILON = 2.0**-24
@@ -53,6 +55,26 @@ def fake_quantize_affine(x, scale, zero_point, axis, quant_min, quant_max):
     hi = _integer_bound(quant_max - zp, ct, up=False)
     y = ((torch.minimum(torch.maximum(r, lo), hi) + 0.0) * s).to(x.dtype)  # NaN stays NaN; +0.0
     mask = (r >= lo) & (r <= hi)
+    return y, mask
+
+
+def fake_quantize_affine_float_zero_point(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int,
+                                          quant_min: int, quant_max: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(y, mask) of torch's rule for a floating-point zero point (torch.ao's float qparams,
+    whose zero points have fractions): the zero point is added before rounding,
+    ``r = rint(x / s + zp)`` in the compute type, ``y = (clamp(r, quant_min, quant_max) - zp) * s``
+    in float64 (exact for float32 parameters) rounded once to x's dtype, as torch's kernels
+    compute it; mask ``quant_min <= r <= quant_max``. (torch multiplies by ``1 / s`` where
+    this divides by ``s``, the library's rule: they can differ by one step at ties.)"""
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    s = scale.reshape(shape).to(x.device, torch.float32)
+    zp = zero_point.reshape(shape).to(x.device, torch.float32)
+    r = torch.round(x.to(ct) / s.to(ct) + zp.to(ct))
+    q = torch.clamp(r.double(), float(quant_min), float(quant_max))  # NaN stays NaN
+    y = ((q - zp.double()) * s.double() + 0.0).to(x.dtype)  # +0.0, never -0.0
+    mask = (r >= quant_min) & (r <= quant_max)
     return y, mask
 
 

@@ -4,7 +4,7 @@ raises a class derived from both, so that ``except`` clauses written for either
 catch it. Each class is named for what it is (first base: fakequant's rule).
 """
 
-__all__ = ["TypeAndValueError", "ValueAndRuntimeError", "TypeAndAttributeError"]
+__all__ = ["TypeAndValueError", "ValueAndRuntimeError", "TypeAndRuntimeError", "TypeAndAttributeError"]
 
 
 class TypeAndValueError(TypeError, ValueError):
@@ -15,7 +15,15 @@ class TypeAndValueError(TypeError, ValueError):
 
 class ValueAndRuntimeError(ValueError, RuntimeError):
     """A wrong value where pytorch-quantization raised RuntimeError (a MaxCalibrator
-    fed a tensor that gives another amax shape): both a ValueError and a RuntimeError."""
+    fed a tensor that gives another amax shape), or torch did (a zero point outside
+    ``[quant_min, quant_max]`` given to a replacement of ``torch.fake_quantize_*``):
+    both a ValueError and a RuntimeError."""
+
+
+class TypeAndRuntimeError(TypeError, RuntimeError):
+    """An argument of the wrong type given to one of torch's fake-quant functions that
+    fakequant replaces, where torch raised RuntimeError: both a TypeError and a
+    RuntimeError."""
 
 
 class TypeAndAttributeError(TypeError, AttributeError):

@@ -5,7 +5,7 @@ mixin placed before the framework's class, whose constructor, buffers, ``with_ar
 operators."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import torch
 
@@ -29,6 +29,31 @@ class FakeQuantizeForward(_FakeQuantizeBase):
     """Observer (any), then fake quantization with its scale and zero point."""
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return self._scripted_forward(X)
+        return self._eager_forward(X)
+
+    def _scripted_forward(self, X: torch.Tensor) -> torch.Tensor:
+        # What torch.jit.script compiles: torch.ao's FakeQuantize.forward, with fakequant's
+        # operator.
+        if self.observer_enabled[0] == 1:
+            self.activation_post_process(X.detach())
+            scale, zero_point = self.calculate_qparams()
+            scale, zero_point = scale.to(self.scale.device), zero_point.to(self.zero_point.device)
+            if self.scale.shape != scale.shape:
+                self.scale.resize_(scale.shape)
+                self.zero_point.resize_(zero_point.shape)
+            self.scale.copy_(scale)
+            self.zero_point.copy_(zero_point)
+        if self.fake_quant_enabled[0] == 1:
+            axis: Optional[int] = self.ch_axis if self.is_per_channel else None
+            X = ops.scripted_fake_quantize_affine(X, self.scale, self.zero_point, axis,
+                                                  self.activation_post_process.quant_min,
+                                                  self.activation_post_process.quant_max)
+        return X
+
+    @torch.jit.unused
+    def _eager_forward(self, X: torch.Tensor) -> torch.Tensor:
         observer = self.activation_post_process
         # (an export's graph is for inference: no observing; _core.flag_on)
         if not _core.exporting() and self.observer_enabled[0] == 1:
@@ -41,8 +66,12 @@ class FakeQuantizeForward(_FakeQuantizeBase):
             self.scale.copy_(scale)
             self.zero_point.copy_(zero_point)
         if _core.flag_on(self.fake_quant_enabled):
-            axis = self.ch_axis if self.is_per_channel else None
-            X = ops.fake_quantize_affine(X, self.scale, self.zero_point, axis, observer.quant_min, observer.quant_max)
+            if self.is_per_channel:  # (float qparams' zero points: torch's rule for them)
+                X = ops.fake_quantize_per_channel_affine(X, self.scale, self.zero_point, self.ch_axis,
+                                                         observer.quant_min, observer.quant_max)
+            else:
+                X = ops.fake_quantize_affine(X, self.scale, self.zero_point, None, observer.quant_min,
+                                             observer.quant_max)
         return X
 
 
@@ -50,6 +79,16 @@ class FusedForward(_FusedBase):
     """The moving-average min/max observer and fake quantization as one operator."""
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            observer = self.activation_post_process
+            return ops.scripted_fused_moving_avg_obs_fake_quant(
+                X, self.observer_enabled, self.fake_quant_enabled, observer.min_val, observer.max_val, self.scale,
+                self.zero_point, observer.averaging_constant, observer.quant_min, observer.quant_max, self.ch_axis,
+                self.is_per_channel, self.is_symmetric_quant)
+        return self._eager_forward(X)
+
+    @torch.jit.unused
+    def _eager_forward(self, X: torch.Tensor) -> torch.Tensor:
         observer = self.activation_post_process
         return ops.fused_moving_avg_obs_fake_quant(
             X, self.observer_enabled, self.fake_quant_enabled, observer.min_val, observer.max_val, self.scale,

@@ -1,0 +1,184 @@
+"""What code written for torch relies on beyond the numbers of the usual cases: float zero
+points with fractions (torch.ao's float-qparams QAT of embeddings), the exception type of a
+bad argument (RuntimeError, as torch raises), and torch.jit.script of fakequant.ao's modules.
+"""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.ao.quantization as tq
+
+import fakequant
+import fakequant.ao
+from conftest import DEVICES, bits_equal
+
+CACHEMASK = torch.ops.aten.fake_quantize_per_channel_affine_cachemask
+QAT_EMBEDDINGS = {torch.nn.Embedding: torch.ao.nn.qat.Embedding, torch.nn.EmbeddingBag: torch.ao.nn.qat.EmbeddingBag}
+
+
+class Embeddings(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 12)
+        self.bag = torch.nn.EmbeddingBag(20, 12, mode="sum")
+
+    def forward(self, ids):
+        return self.emb(ids).sum(1) + self.bag(ids)
+
+
+def _prepared(qconfig, base):
+    model = copy.deepcopy(base)
+    model.emb.qconfig = model.bag.qconfig = qconfig
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        tq.prepare_qat(model, mapping=QAT_EMBEDDINGS, inplace=True)
+    return model
+
+
+@pytest.mark.parametrize("qconfig_name", ["default_embedding_qat_qconfig", "default_embedding_qat_qconfig_4bit"])
+def test_embedding_qat_with_float_qparams_matches_torch_bit_for_bit(qconfig_name):
+    qconfig = getattr(tq, qconfig_name)
+    torch.manual_seed(0)
+    base = Embeddings()
+    ref, ours = _prepared(qconfig, base), _prepared(fakequant.ao.use_fakequant(qconfig), base)
+    assert isinstance(ours.emb.weight_fake_quant, fakequant.ao.FakeQuantize)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, ours)]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        ids = torch.randint(0, 20, (8, 4), generator=g)
+        outputs = []
+        for model, optimizer in zip((ref, ours), optimizers):
+            optimizer.zero_grad()
+            y = model(ids)
+            y.square().mean().backward()
+            outputs.append(y)
+        assert bits_equal(outputs[1], outputs[0])
+        for name in ("emb", "bag"):
+            assert bits_equal(getattr(ours, name).weight.grad, getattr(ref, name).weight.grad)
+        for optimizer in optimizers:
+            optimizer.step()
+    zero_point = ours.emb.weight_fake_quant.zero_point
+    assert zero_point.is_floating_point() and bool((zero_point != zero_point.round()).any())  # fractions
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fractional_zero_points_per_channel_follow_torch(device, dtype):
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(5, 6, 7, generator=g) * 3).to(device, dtype)
+    scale = (torch.rand(6, generator=g) * 0.05 + 0.01).to(device)
+    zero_point = (torch.rand(6, generator=g) * 200).to(device)  # fractional
+    expected = torch.fake_quantize_per_channel_affine(x, scale, zero_point, 1, 0, 255)
+    got = fakequant.fake_quantize_per_channel_affine(x, scale, zero_point, 1, 0, 255)
+    assert bits_equal(got, expected)
+    y, mask = fakequant.fake_quantize_per_channel_affine_cachemask(x.float(), scale, zero_point, 1, 0, 255)
+    y_ref, mask_ref = CACHEMASK(x.float(), scale, zero_point, 1, 0, 255)
+    assert bits_equal(y, y_ref) and torch.equal(mask, mask_ref)
+    # the gradient passes where the mask is set
+    leaf = x.float().clone().requires_grad_()
+    fakequant.fake_quantize_per_channel_affine(leaf, scale, zero_point, 1, 0, 255).sum().backward()
+    assert torch.equal(leaf.grad, mask.float())
+
+
+def test_fractional_zero_points_keep_nan_and_clamp_infinities():
+    x = torch.tensor([[float("nan"), float("inf"), -float("inf"), -1e-9]])
+    got, mask = fakequant.fake_quantize_per_channel_affine_cachemask(x, torch.tensor([0.1]), torch.tensor([3.3]), 0,
+                                                                      0, 255)
+    y_ref, mask_ref = CACHEMASK(x, torch.tensor([0.1]), torch.tensor([3.3]), 0, 0, 255)
+    assert got[0, 0].isnan() and not mask[0, 0]
+    # +-inf clamp to the ends of the range (the contract; torch's CPU kernel converts
+    # rint(inf) to int64, which lands at the low end for +inf), with mask 0
+    s, z = torch.tensor(0.1), torch.tensor(3.3)
+    assert bits_equal(got[0, 1:3], torch.stack([(255 - z) * s, (0 - z) * s])) and not mask[0, 1:3].any()
+    assert bits_equal(got[:, 3:], y_ref[:, 3:]) and torch.equal(mask[:, 3:], mask_ref[:, 3:])
+
+
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_fractional_zero_points_export_exactly(tmp_path, dynamo):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = _prepared(fakequant.ao.use_fakequant(tq.default_embedding_qat_qconfig), Embeddings())
+    ids = torch.randint(0, 20, (8, 4))
+    model(ids)
+    model.apply(tq.disable_observer).eval()
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (ids,), str(path), dynamo=dynamo, opset_version=17, input_names=["ids"])
+    onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        expected = model(ids)
+    # the quantized weights are exact; the embedding-bag sum may add in another order
+    got = torch.from_numpy(session.run(None, {"ids": ids.numpy()})[0])
+    assert torch.allclose(got, expected, rtol=0, atol=1e-5)
+    emb_only = torch.nn.Sequential(model.emb).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(emb_only, (ids,), str(path), dynamo=dynamo, opset_version=17, input_names=["ids"])
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        assert bits_equal(session.run(None, {"ids": ids.numpy()})[0], emb_only(ids))
+
+
+X = torch.randn(4, 3)
+BAD_CALLS = {  # name: (fakequant's call, torch's call): the same bad argument
+    "zero point out of range": (lambda: fakequant.fake_quantize_per_tensor_affine(X, 0.1, 300, 0, 255),
+                                lambda: torch.fake_quantize_per_tensor_affine(X, 0.1, 300, 0, 255)),
+    "quant_min > quant_max": (lambda: fakequant.fake_quantize_per_tensor_affine(X, 0.1, 3, 5, 2),
+                              lambda: torch.fake_quantize_per_tensor_affine(X, 0.1, 3, 5, 2)),
+    "per-channel scale size": (lambda: fakequant.fake_quantize_per_channel_affine(
+        X, torch.ones(2), torch.zeros(2, dtype=torch.int32), 1, 0, 255), lambda: torch.fake_quantize_per_channel_affine(
+        X, torch.ones(2), torch.zeros(2, dtype=torch.int32), 1, 0, 255)),
+    "integer input": (lambda: fakequant.fake_quantize_per_tensor_affine_cachemask(X.int(), 0.1, 3, 0, 255),
+                      lambda: torch.ops.aten.fake_quantize_per_tensor_affine_cachemask(X.int(), 0.1, 3, 0, 255)),
+    "learnable, quant_min > quant_max": (
+        lambda: fakequant.ops._fake_quantize_learnable_per_tensor_affine(X, torch.ones(1), torch.zeros(1), 5, 2),
+        lambda: torch._fake_quantize_learnable_per_tensor_affine(X, torch.ones(1), torch.zeros(1), 5, 2)),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_bad_arguments_raise_what_torch_raises_too(case):
+    ours, theirs = BAD_CALLS[case]
+    with pytest.raises(RuntimeError):
+        theirs()
+    with pytest.raises(RuntimeError) as info:
+        ours()
+    assert isinstance(info.value, (ValueError, TypeError)), type(info.value).__mro__  # and fakequant's type
+    assert str(info.value).startswith("fakequant:")
+
+
+PER_CHANNEL = dict(observer=tq.MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
+                   dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=1)
+SCRIPTED = {
+    "fake_quantize": (fakequant.ao.FakeQuantize, {}),
+    "fused": (fakequant.ao.FusedMovingAvgObsFakeQuantize, {}),
+    "fake_quantize_per_channel": (fakequant.ao.FakeQuantize, PER_CHANNEL),
+    "fused_per_channel": (fakequant.ao.FusedMovingAvgObsFakeQuantize, PER_CHANNEL),
+    "float_qparams": (fakequant.ao.FakeQuantize, dict(
+        observer=tq.MovingAveragePerChannelMinMaxObserver, qscheme=torch.per_channel_affine_float_qparams,
+        ch_axis=0, quant_min=0, quant_max=255, dtype=torch.quint8)),
+}
+
+
+@pytest.mark.parametrize("name", list(SCRIPTED))
+def test_torch_jit_script_of_ao_modules_computes_what_eager_does(name):
+    cls, kwargs = SCRIPTED[name]
+    eager = cls(**kwargs)
+    scripted = torch.jit.script(copy.deepcopy(eager))
+    g = torch.Generator().manual_seed(3)
+    for step in range(3):
+        x = (torch.randn(6, 4, 5, generator=g) * (step + 1)).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        y, y2 = eager(x), scripted(x2)
+        y.square().sum().backward()
+        y2.square().sum().backward()
+        assert bits_equal(y2, y) and bits_equal(x2.grad, x.grad)
+        assert bits_equal(scripted.scale, eager.scale) and torch.equal(scripted.zero_point, eager.zero_point)
+    eager.disable_fake_quant()
+    scripted.disable_fake_quant()
+    x = torch.randn(6, 4, 5, generator=g)
+    assert bits_equal(scripted(x), x) and bits_equal(eager(x), x)
