@@ -35,6 +35,7 @@ from .switches import (
     lower_symbolically,
     refuse_untranslated,
     exporting,
+    dynamo_exporting,
     flag_on,
 )
 from .validation import (

@@ -14,7 +14,7 @@ from .validation import check_bool
 
 __all__ = ["ExportOptions", "export_options", "current_export_options", "enable_onnx_export",
            "onnx_export_enabled", "set_onnx_export_enabled", "supplying_translations", "TranslationError",
-           "set_symbolic_lowerings", "lower_symbolically", "refuse_untranslated", "exporting", "flag_on"]
+           "set_symbolic_lowerings", "lower_symbolically", "refuse_untranslated", "exporting", "dynamo_exporting", "flag_on"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,13 +152,11 @@ def lower_symbolically(op: str, *args: Any) -> Any:
     traces it outside ``fakequant.onnx.export``: its ONNX nodes, emitted with
     ``torch.onnx.ops.symbolic`` (same outputs as the operator); None when no such export
     runs (the caller then calls the operator)."""
-    if _state.translations:
-        return None
-    import torch
-
-    if not torch.onnx.is_in_onnx_export() or torch.jit.is_tracing():
+    if _state.translations or not dynamo_exporting():
         return None  # (the TorchScript exporter traces the operators and has their symbolics)
     if _symbolic_lowerings is None:
+        import torch
+
         raise TranslationError(_NO_SYMBOLIC.format(version=torch.__version__))
     return _symbolic_lowerings[op](*args)
 
@@ -176,11 +174,7 @@ def refuse_untranslated(op: str) -> None:
     """Raises :class:`TranslationError` where the dynamo exporter retraces a fakequant
     operator it will have no translation for (an ExportedProgram given to torch.onnx.export
     without fakequant's table); nothing otherwise. Called by the operators' fake kernels."""
-    if _state.translations:
-        return
-    import torch
-
-    if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
+    if not _state.translations and dynamo_exporting():
         raise TranslationError(_UNTRANSLATED.format(op=op))
 
 
@@ -190,6 +184,13 @@ def exporting() -> bool:
     import torch
 
     return torch.onnx.is_in_onnx_export()
+
+
+def dynamo_exporting() -> bool:
+    """Whether torch's dynamo exporter is tracing (``torch.onnx.export``, ``dynamo=True``)."""
+    import torch
+
+    return torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing()
 
 
 def flag_on(flag: Any) -> bool:

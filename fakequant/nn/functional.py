@@ -5,6 +5,8 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
+from .._core import dynamo_exporting
+
 __all__ = ["ClipFunction", "clip"]
 
 
@@ -62,4 +64,10 @@ def clip(
     for the bounds (see :class:`ClipFunction`). Bounds may be numbers or tensors."""
     lo = _as_bound(clip_value_min, input, "clip_value_min")
     hi = _as_bound(clip_value_max, input, "clip_value_max")
+    if lo.dim() == 0 and hi.dim() == 0 and dynamo_exporting() and hasattr(torch.onnx, "ops"):
+        # One Clip node for the dynamo exporter: its optimizer rewrites Max/Min with constant
+        # bounds into a Clip on new initializers named after the input, and drops the second
+        # pair where two quantizers clip one tensor (an invalid graph).
+        return torch.onnx.ops.symbolic("Clip", (input, lo.to(input.dtype), hi.to(input.dtype)),
+                                       dtype=input.dtype, shape=input.shape)
     return ClipFunction.apply(input, lo, hi)
