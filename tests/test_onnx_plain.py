@@ -130,7 +130,10 @@ def test_plain_export_runs_bit_for_bit(plain, tmp_path, job):
     path = _load(plain, job)
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)
     model, reference = _reference(tmp_path, job)
-    basic = case.asymmetric and job[2] >= 21
+    # Zero-point inputs at opset 21 (an asymmetric quantizer, or any int8 one built for opset
+    # 20 without export_options(opset_version=21)): ONNX Runtime 1.31-1.32's default session
+    # refuses a transformer's graph (docs/export.md); its basic optimizations run it.
+    basic = job[2] >= 21 and case.kind == "model" and (case.asymmetric or not job[3])
     # Whole models: float layers between the quantizers, which ONNX Runtime's optimizations
     # fuse differently in different graphs; the numbers of fakequant.onnx.export's graph where
     # the graphs are the same, else PyTorch's up to float rounding (no optimizations).
