@@ -809,7 +809,7 @@ def test_fuzz_lsq_forward_and_gradients(x, data):
     assert gs.shape == scale.shape and gz.shape == zp.shape
 
 
-# --- argument checks of the Python wrappers (fakequant/ops.py) --------------------------------
+# --- argument checks of the Python wrappers (fakequant/ops/) ----------------------------------
 
 
 def test_wrapper_rejects_fractional_python_zero_point():

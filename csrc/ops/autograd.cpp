@@ -7,7 +7,7 @@
 //
 // Each forward calls the op below autograd (AutoDispatchBelowADInplaceOrView),
 // which reaches the CPU or CUDA host function, or, under torch.compile/export
-// tracing, the fake kernels of fakequant/ops.py: the nodes' saved strides are
+// tracing, the fake kernels of fakequant/ops/: the nodes' saved strides are
 // SymInts for that reason.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>

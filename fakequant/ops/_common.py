@@ -1,0 +1,133 @@
+"""What the operator modules share (csrc/ops/common.cpp and host.h on the C++ side): the
+``torch.ops.fakequant`` namespace, the parameters as tensors (:class:`_Params` and its
+caches), the exceptions of torch's replacements, and the fake kernels' metadata checks.
+"""
+import functools
+import math
+import numbers
+from typing import Any, Callable, Dict, Tuple, TypeVar, Union, cast
+
+import torch
+
+from .._core.errors import TypeAndRuntimeError, ValueAndRuntimeError
+
+_ops = torch.ops.fakequant
+TensorOrNumber = Union[torch.Tensor, float, int]
+
+
+def _as_tensor(value: TensorOrNumber, like: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """A tensor as is, or a Python number as a new tensor on like's device."""
+    if isinstance(value, torch.Tensor):
+        return value
+    kind = type(value)
+    if kind is not float and kind is not int and (kind is bool or not isinstance(value, numbers.Real)):
+        raise TypeError(f"fakequant: {name} must be a tensor or a number, got {type(value).__name__}")
+    if not dtype.is_floating_point:  # zero points: integers within int32
+        if not (math.isfinite(value) and value == int(value) and -(2**31) <= value < 2**31):
+            raise ValueError(f"fakequant: {name} must be an integer in the int32 range, got {value!r}")
+        value = int(value)
+    return torch.tensor(value, dtype=dtype, device=like.device)
+
+
+class _Params:
+    """An operator's parameters (scale and zero point, amax, ...) as the tensors it takes:
+    tensors as they are, Python numbers made tensors once per (values, device) rather than
+    on every call (a tensor each, and on CUDA a host-to-device copy that a CUDA graph
+    cannot capture). The operators only read them. Each cache is emptied when it reaches
+    MAX_CACHED entries."""
+
+    MAX_CACHED = 1024
+
+    def __init__(self, *params: Tuple[str, torch.dtype]) -> None:
+        self.params = params  # (name, dtype) each
+        self.cache: Dict[Tuple[Any, ...], Tuple[torch.Tensor, ...]] = {}
+
+    def __call__(self, like: torch.Tensor, *values: TensorOrNumber) -> Tuple[torch.Tensor, ...]:
+        key = None
+        # Not when traced, fake or under a dispatch mode: a tensor of that world instead.
+        if type(like) is torch.Tensor and not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack():
+            for v in values:
+                if type(v) is not float and type(v) is not int:
+                    break
+            else:
+                # (0.0 and -0.0 are one key: the rules treat them alike for every parameter)
+                key = values + (like.device,)
+                cached = self.cache.get(key)
+                if cached is not None:
+                    return cached
+        if key is None:
+            return self._make(like, values)
+        # Normal tensors even under inference_mode: LSQ saves its scale for backward,
+        # which an inference tensor cannot be.
+        with torch.inference_mode(False):
+            made = self._make(like, values)
+        if len(self.cache) >= self.MAX_CACHED:
+            self.cache.clear()
+        self.cache[key] = made
+        return made
+
+    def _make(self, like: torch.Tensor, values: Tuple[TensorOrNumber, ...]) -> Tuple[torch.Tensor, ...]:
+        return tuple(_as_tensor(v, like, dtype, name) for v, (name, dtype) in zip(values, self.params))
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _raises_like_torch(fn: _F) -> _F:
+    """For the replacements of torch's functions: a bad argument raises an exception that
+    is both fakequant's type and torch's (RuntimeError), so ``except RuntimeError`` in code
+    written for torch still catches it (ValueAndRuntimeError, TypeAndRuntimeError)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError:
+            raise
+        except ValueError as e:
+            raise ValueAndRuntimeError(*e.args) from e
+        except TypeError as e:
+            raise TypeAndRuntimeError(*e.args) from e
+
+    return cast(_F, wrapper)  # (the same signature: functools.wraps)
+
+
+_SCALE_ZERO_POINT = _Params(("scale", torch.float32), ("zero_point", torch.int32))
+_SCALE = _Params(("scale", torch.float32))
+_ZERO_POINT = _Params(("zero_point", torch.int32))
+_AMAX = _Params(("amax", torch.float32))
+_SCALE_AMAX = _Params(("scale_amax", torch.float32))
+_MIN_MAX = _Params(("min_range", torch.float32), ("max_range", torch.float32))
+
+
+# --- fake kernels: shapes, dtypes and strides without computing -------------
+# They run under torch.compile/export tracing, and for tensors on the meta
+# device, where the C++ checks do not: the cheap metadata checks are repeated.
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_meta(input: torch.Tensor, input_name: str = "input", /, **params: torch.Tensor) -> None:
+    if input.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"fakequant: {input_name} must be float32, float16, bfloat16 or float64, got {input.dtype}"
+        )
+    for name, t in params.items():
+        if t.device != input.device:
+            raise ValueError(
+                f"fakequant: {name} is on {t.device} but {input_name} is on {input.device}; "
+                "both must be on the same device"
+            )
+
+
+def _new_mask(y: torch.Tensor, packed: bool = True) -> torch.Tensor:
+    if packed:
+        return y.new_empty(((y.numel() + 7) // 8,), dtype=torch.uint8)
+    return torch.empty_like(y, dtype=torch.bool)
+
+
+def _first(
+    result: Tuple[torch.Tensor, torch.Tensor], return_mask: bool
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """An operator's ``(output, mask)``, or its output alone."""
+    return result if return_mask else result[0]
