@@ -1,6 +1,6 @@
 // Every fakequant operator schema lives here; kernels register per backend in
 // csrc/cpu and csrc/cuda; the Python module itself is csrc/python_module.cpp.
-// The numerics contract is in shared/DESIGN.md.
+// The numerics contract is in docs/design.md.
 #include "fakequant/library.h"
 
 FAKEQUANT_LIBRARY(m) {

@@ -1,4 +1,4 @@
-"""Plain-PyTorch reference of fakequant's numerics contract (README, DESIGN.md): slow,
+"""Plain-PyTorch reference of fakequant's numerics contract (README, docs/design.md): slow,
 obviously right, and what the tests and ``python -m fakequant info`` compare the operators to::
 
     s  = scale (float32)           amax family: s = fp32(amax) / bound

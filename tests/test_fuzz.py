@@ -186,7 +186,7 @@ def grad_check(fn, x, expected_mask, pass_through=False):
     assert_same(gx, expected)
 
 
-# --- the rules (README, csrc/checks.h): which arguments are invalid, and their names -----
+# --- the rules (README, csrc/include/fakequant/arg_checks.h): which arguments are invalid, and their names -----
 
 
 def _device_and_dtype(x, params, xname="input"):

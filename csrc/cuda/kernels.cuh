@@ -52,7 +52,7 @@ __device__ __forceinline__ Consts<C> load_consts(const Consts<C>* p) {
 
 // --- parameter lookup ------------------------------------------------------------
 
-// ParamLayout (../param_layout.h) by value, for the kernel's parameter space.
+// ParamLayout (csrc/include/fakequant/param_layout.h) by value, for the kernel's parameter space.
 // 25 is the most dimensions a TensorIterator takes; coalesced layouts rarely
 // have more than 3.
 struct DeviceLayout {

@@ -1,5 +1,5 @@
 """Exceptions that are two types at once: where pytorch-quantization 2.2.1 raised
-another type than the one fakequant's rules give (DESIGN.md, Errors), fakequant
+another type than the one fakequant's rules give (docs/design.md, Errors), fakequant
 raises a class derived from both, so that ``except`` clauses written for either
 catch it. Each class is named for what it is (first base: fakequant's rule).
 """

@@ -5,7 +5,7 @@ The functions here are written against a small graph-builder interface
 implement it (``symbolic_torchscript.py``, ``translation_dynamo.py``), so the
 graph is the same whichever exporter runs.
 
-The contract to reproduce (DESIGN.md): with ``s`` the float32 scale,
+The contract to reproduce (docs/design.md, "Numerics contract"): with ``s`` the float32 scale,
 ``y = dtype_of_x((clamp(rint(fp32(x) / s) + zp, qmin, qmax) - zp) * s)``.
 ONNX ``QuantizeLinear`` computes ``saturate(rint(x / s) + zp)`` and
 ``DequantizeLinear`` ``(q - zp) * s``, in float32 when ``x`` and ``s`` are

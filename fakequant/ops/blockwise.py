@@ -56,7 +56,7 @@ def _check_blockwise_args(
 
 
 def _blockwise_keeps_layout(input: torch.Tensor) -> bool:
-    """Whether the block-wise output keeps input's strides (csrc/blockwise_args.h): the
+    """Whether the block-wise output keeps input's strides (csrc/include/fakequant/arg_checks.h): the
     tensor is non-overlapping and dense and its rows (the last dimension) are runs of
     memory. Otherwise the kernels work on a contiguous copy and the output is contiguous."""
     if input.dim() > 0 and input.size(-1) > 1 and input.stride(-1) != 1:

@@ -1,5 +1,5 @@
 #pragma once
-// The element contract of every fakequant operator (DESIGN.md, "Numerics
+// The element contract of every fakequant operator (docs/design.md, "Numerics
 // contract"), written once for the CPU loops (csrc/cpu) and the CUDA kernels
 // (csrc/cuda), which both call what is here:
 //

@@ -112,7 +112,7 @@ class KernelSlot {
   Fn* cuda_ = nullptr;
 };
 
-// Defined in csrc/ops/kernel_table.cpp.
+// Defined in csrc/ops/common.cpp.
 extern KernelSlot<QuantizeFn> quantize_stub;
 extern KernelSlot<BlockwiseFn> blockwise_stub;
 extern KernelSlot<LsqBackwardFn> lsq_backward_stub;

@@ -6,7 +6,7 @@
 // switched on (FAKEQUANT_CHECK_VALUES=1) and the stream is not being captured
 // into a CUDA graph (run_value_checks in csrc/ops/common.cpp). With checks
 // off, an invalid parameter gives NaN outputs and a zero mask where it applies
-// (DESIGN.md, Errors).
+// (docs/design.md, Errors).
 #include <ATen/ATen.h>
 
 #include <cmath>
