@@ -44,7 +44,6 @@ _INT_RANGES = {
 _TYPE_NAMES = {INT4: "int4", UINT4: "uint4", INT8: "int8", UINT8: "uint8", INT16: "int16", UINT16: "uint16"}
 ONNX_FLOAT_TYPES = {torch.float32: FLOAT, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16, torch.float64: DOUBLE}
 
-AMAX_EPSILON = _core.AMAX_EPSILON
 # Scale given to channels whose amax is <= 2^-24, which the operators set to 0:
 # rint(x / 2^100) is 0 for every |x| < 2^99 (all float16 values, and any
 # activation a network produces), so the QDQ pair yields 0 as the operator does.
@@ -297,23 +296,18 @@ def _warn_dynamic(b, param, x, what):
 # --- amax family: fake_quantize_amax, quantize_amax ---------------------------------
 
 
-def amax_range(num_bits, unsigned, narrow_range):
-    """``(bound, quant_min, quant_max)`` of the amax family (the library's rule)."""
-    qmin, qmax = _core.amax_range(num_bits, unsigned, narrow_range)
-    return qmax, qmin, qmax
-
-
 def _amax_scale(b, amax32, bound):
     """``fp32(amax) / bound``, with ZERO_CHANNEL_SCALE where amax <= 2^-24."""
     s = b.op("Div", amax32, _scalar(b, float(bound)))
-    keep = b.op("Greater", amax32, _scalar(b, AMAX_EPSILON))
+    keep = b.op("Greater", amax32, _scalar(b, _core.AMAX_EPSILON))
     return b.op("Where", keep, s, _scalar(b, ZERO_CHANNEL_SCALE))
 
 
 def lower_amax(b, x, amax, num_bits, unsigned, narrow_range, integer_output=False):
     """``fake_quantize_amax`` (or ``quantize_amax`` with ``integer_output``)."""
     dtype, compute = _compute_type(b, x)
-    bound, qmin, qmax = amax_range(num_bits, unsigned, narrow_range)
+    qmin, qmax = _core.amax_range(num_bits, unsigned, narrow_range)
+    bound = qmax
     _warn_dynamic(b, amax, x, "amax")
     kind, axis, channels = _granularity(b, x, [b.shape(amax)])
     qtype = choose_qtype(qmin, qmax, b.opset, unsigned, b.wide_int_types)
@@ -613,7 +607,8 @@ def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent
         emax = _core.FLOAT_FORMATS[(exponent_bits, mantissa_bits)][1]
     else:
         emax = num_bits - 2
-        elem_max, qmin, qmax = amax_range(num_bits, unsigned, narrow_range)
+        qmin, qmax = _core.amax_range(num_bits, unsigned, narrow_range)
+        elem_max = qmax
         qtype = choose_qtype(qmin, qmax, b.opset, unsigned, b.wide_int_types)
         if qtype is not None and _Clip(qtype, qmin, qmax).needed and qtype not in (INT8, UINT8):
             qtype = choose_qtype(qmin, qmax, 13, unsigned)  # clip on 8-bit integers: exact
@@ -647,7 +642,7 @@ def lower_blockwise(b, x, block_size, num_bits, unsigned, narrow_range, exponent
         s = _e8m0_scale(b, amax, emax)  # never degenerate
     else:
         s = b.op("Div", amax, _scalar(b, float(elem_max)))
-        degenerate = b.op("LessOrEqual", amax, _scalar(b, AMAX_EPSILON))  # NaN: not degenerate
+        degenerate = b.op("LessOrEqual", amax, _scalar(b, _core.AMAX_EPSILON))  # NaN: not degenerate
         if scale_amax is not None:
             g = b.op("Div", _to_float(b, _squeeze(b, scale_amax)), _scalar(b, float(elem_max) * _core.E4M3_MAX))
             s = b.op("Mul", _cast_round_fp8(b, b.op("Div", s, g), FLOAT8E4M3FN), g)
