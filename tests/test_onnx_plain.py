@@ -7,8 +7,8 @@ runs in ONNX Runtime (default session options and ORT_DISABLE_ALL) bit for bit a
 PyTorch per quantizer (whole models: against the graph of ``fakequant.onnx.export``), and
 is node for node the graph ``fakequant.onnx.export`` writes, initializers included.
 
-The models are tests/onnx_cases.py's; the jobs below run in ``make test``, every case at
-every opset it allows with FAKEQUANT_SLOW_TESTS=1 (``make slow``).
+The models are tests/onnx_cases.py's; FAST_JOBS run in ``make test``, every other case and
+opset it allows is marked slow (``make slow``).
 """
 import hashlib
 import json
@@ -27,7 +27,7 @@ pytest.importorskip("onnxscript")
 
 import fakequant  # noqa: E402
 import onnx_cases  # noqa: E402
-from conftest import SLOW, bits_equal  # noqa: E402
+from conftest import bits_equal  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
 
@@ -67,8 +67,10 @@ def _all_jobs():
     return jobs
 
 
-JOBS = _all_jobs() if SLOW else FAST_JOBS
-IDS = [f"{c}-{e}-{o}{'-declared' if d else ''}" for c, e, o, d in JOBS]
+JOBS = FAST_JOBS + [j for j in _all_jobs() if j not in FAST_JOBS]
+# The fast jobs run in `make test`; the others are marked slow (`make slow`).
+PARAMS = [pytest.param(j, id=f"{j[0]}-{j[1]}-{j[2]}{'-declared' if j[3] else ''}",
+                       marks=() if j in FAST_JOBS else pytest.mark.slow) for j in JOBS]
 
 
 def _stem(job):
@@ -77,10 +79,15 @@ def _stem(job):
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """The plain exports of JOBS, made by one worker process."""
+def plain(request, tmp_path_factory):
+    """The plain exports of the jobs this session runs, made by one worker process."""
+    jobs = []
+    for item in request.session.items:
+        job = getattr(item, "callspec", None) and item.callspec.params.get("job")
+        if job and job not in jobs and item.module is request.module and not item.get_closest_marker("skip"):
+            jobs.append(job)
     out = tmp_path_factory.mktemp("plain")
-    subprocess.run([sys.executable, str(HERE / "onnx_plain_worker.py"), str(out), json.dumps(JOBS)],
+    subprocess.run([sys.executable, str(HERE / "onnx_plain_worker.py"), str(out), json.dumps(jobs)],
                    check=True, cwd=HERE.parent, timeout=3000)
     return out
 
@@ -123,7 +130,7 @@ def _as_list(y):
     return list(y) if isinstance(y, (tuple, list)) else [y]
 
 
-@pytest.mark.parametrize("job", JOBS, ids=IDS)
+@pytest.mark.parametrize("job", PARAMS)
 def test_plain_export_runs_bit_for_bit(plain, tmp_path, job):
     name = job[0]
     case = onnx_cases.CASES[name]
@@ -222,7 +229,7 @@ def _comparable(job):
     return None
 
 
-@pytest.mark.parametrize("job", JOBS, ids=IDS)
+@pytest.mark.parametrize("job", PARAMS)
 def test_plain_graph_is_fakequant_onnx_export_graph(plain, tmp_path, job):
     reason = _comparable(job)
     if reason:
