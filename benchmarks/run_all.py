@@ -496,6 +496,11 @@ def plot_compiled(data, path):
 # --- the report ----------------------------------------------------------------
 
 
+def _image(plots, key, alt):
+    """The report's lines showing the plot `key`: none where it was not drawn."""
+    return [f"![{alt}]({plots[key]})", ""] if plots.get(key) else []
+
+
 def write_report(args, results, meta):
     from bench_ops import FWD, FWD_BWD, format_overhead, format_sweep
     import bench_calib
@@ -554,8 +559,7 @@ def write_report(args, results, meta):
 
     if plots.get("headline"):
         L += ["## Operators at 2^24 float32 elements, both page sizes", ""]
-        if plots.get("headline"):
-            L += [f"![2^24 float32, both page sizes]({plots['headline']})", ""]
+        L += _image(plots, "headline", "2^24 float32, both page sizes")
         L += ["'limit' is `torch.clone` of the same tensor, two clones for fwd+bwd; 'x limit' is fakequant's "
               "time over it; 'torch / fq' and 'pq-python / fq' are how many times longer the peers take. "
               "torch's ops run their cachemask variants (the ones autograd uses). 4 KiB pages are torch's "
@@ -567,8 +571,7 @@ def write_report(args, results, meta):
     if ops:
         L += [f"## Every operator, 2^10 to 2^26 elements ({ops['meta']['pages']})", ""]
         for dtype in ("float32", "bfloat16"):
-            if plots.get(dtype):
-                L += [f"![{dtype}]({plots[dtype]})", ""]
+            L += _image(plots, dtype, dtype)
         L += ["GB/s counts the bytes an op must move: input read and output written (twice that for fwd+bwd: "
               "the gradient read and written too); fakequant's 1-bit mask is not counted. Small sizes are "
               "repeated within a sample; rounds: 15 up to 2^22 elements, 7 at 2^24, 3 at 2^26.", ""]
@@ -579,8 +582,7 @@ def write_report(args, results, meta):
     ov = results.get("overhead")
     if ov:
         L += ["## Per-call overhead at small sizes", ""]
-        if plots.get("overhead"):
-            L += [f"![per-call overhead]({plots['overhead']})", ""]
+        L += _image(plots, "overhead", "per-call overhead")
         L += ["Microseconds per call, where the dispatcher and Python, not memory, dominate: fakequant's "
               "public functions (`fake_quantize_per_tensor_affine`, `fake_quantize_per_channel_affine`, "
               "`fake_quantize_amax`) against torch's op with the same kind of parameters (torch has no amax op: "
@@ -591,8 +593,7 @@ def write_report(args, results, meta):
     qat = results.get("qat_step")
     if qat:
         L += ["## QAT training step", ""]
-        if plots.get("qat"):
-            L += [f"![QAT step]({plots['qat']})", ""]
+        L += _image(plots, "qat", "QAT step")
         L += [f"ResNet-18 with torchvision's layer structure, batch {bench_qat_step.BATCH}, "
               f"3x{bench_qat_step.SIZE}x{bench_qat_step.SIZE} inputs, SGD with momentum, {qat['threads']} threads; "
               f"median of {qat['rounds']} steps, the configurations stepped in turn in one process. "
@@ -608,8 +609,7 @@ def write_report(args, results, meta):
         import bench_compiled_qat
 
         L += ["## QAT step under torch.compile", ""]
-        if plots.get("compiled"):
-            L += [f"![compiled QAT step]({plots['compiled']})", ""]
+        L += _image(plots, "compiled", "compiled QAT step")
         L += [bench_compiled_qat.__doc__.split("    python")[0].strip(), "",
               bench_compiled_qat.format_tables(compiled), ""]
 
@@ -635,8 +635,7 @@ def write_report(args, results, meta):
     if cuda:
         L += [f"## GPU: {cuda['meta'].get('gpu')} (CUDA events)", ""]
         for dtype in ("float32", "bfloat16"):
-            if plots.get(f"cuda_{dtype}"):
-                L += [f"![cuda {dtype}]({plots[f'cuda_{dtype}']})", ""]
+            L += _image(plots, f"cuda_{dtype}", f"cuda {dtype}")
         dev = cuda["rows"][0]["device"] if cuda["rows"] else "cuda"
         for dtype in ("float32", "bfloat16"):
             for mode in (FWD, FWD_BWD):
