@@ -9,20 +9,14 @@ collecting histograms per tensor and per channel, next to torch.histc (what
 pytorch-quantization uses, float32 counts, per tensor only). ``--baseline``
 also times a per-candidate (unvectorised) entropy search for comparison.
 """
-import argparse
-import json
 import statistics
 import time
 
 import torch
 
+from _common import add_output_options, argument_parser, size_label, sync, write_json
 from fakequant import reference
 from fakequant.calib import HistogramCalibrator
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(fn, repeat, device, warmup=2):
@@ -97,26 +91,24 @@ def format_tables(result):
     lines += ["", f"| histogram collection, {result['bins']} bins | elements | time per tensor (ms) "
               "| Gelements/s |", "|---|---:|---:|---:|"]
     for r in result["collect"]:
-        lines.append(f"| {r['case']} | 2^{r['numel'].bit_length() - 1} | {r['ms']:.2f} | {r['gelem_s']:.3f} |")
+        lines.append(f"| {r['case']} | {size_label(r['numel'])} | {r['ms']:.2f} | {r['gelem_s']:.3f} |")
     return "\n".join(lines)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__, summary=True)
     parser.add_argument("--bins", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--baseline", action="store_true", help="also time a per-candidate entropy loop")
-    parser.add_argument("--json", help="also save the results to this JSON file")
+    add_output_options(parser, json_help="also save the results to this JSON file")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; "
           f"medians of {args.repeat} (of {max(3, args.repeat // 4)} at 2^24 elements)")
     result = run(args.bins, args.repeat, args.device, args.baseline)
     result["threads"] = torch.get_num_threads()
     print(format_tables(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -34,20 +34,16 @@ import os
 
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # before torch reads its config
 
-import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import fakequant  # noqa: E402
-from bench_qat_step import ResNet18, _status_mb  # noqa: E402
+from _common import (ResNet18, add_output_options, argument_parser, new_storage_bytes, progress_bar,  # noqa: E402
+                     status_mb, write_json)
 from fakequant import _composite  # noqa: E402
 from fakequant import ops as fq_ops  # noqa: E402
 
@@ -213,22 +209,19 @@ def peak_step_mb(run):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         return None
-    before = _status_mb("VmRSS")
+    before = status_mb("VmRSS")
     if not _reset_peak():
         return None
     run.step()
     run.step()
-    return _status_mb("VmHWM") - before
+    return status_mb("VmHWM") - before
 
 
 def saved_mb(run):
     seen, total = set(), [0]
 
     def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if key not in seen:
-            seen.add(key)
-            total[0] += key[1]
+        total[0] += new_storage_bytes(seen, t)
         return t
 
     with run.context():
@@ -298,11 +291,9 @@ def configs_for(model_name):
 
 
 def run(models, rounds, progress=True):
-    from tqdm import tqdm
-
     result = {"rounds": rounds, "threads": torch.get_num_threads(), "torch": torch.__version__, "models": {}}
     total = sum(len(configs_for(m)) + rounds for m in models)
-    with tqdm(total=total, desc="compiled QAT step", disable=not progress or None, leave=False) as bar:
+    with progress_bar(total, "compiled QAT step", progress) as bar:
         for m in models:
             torch._dynamo.reset()
             result["models"][m] = measure(m, configs_for(m), rounds, bar)
@@ -332,11 +323,10 @@ def format_tables(result):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--json")
-    parser.add_argument("--no-progress", action="store_true")
+    add_output_options(parser, progress=True)
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODELS))
@@ -346,9 +336,7 @@ def main():
     print(f"One SGD step, median of {args.rounds} rounds, configurations interleaved; {result['threads']} threads; "
           f"torch {result['torch']}; Inductor (CPU) for the compiled rows")
     print(format_tables(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -14,18 +14,13 @@ On a shared 2-core machine a parallel region waits a scheduler tick (4-8 ms) whe
 other core is busy, which swamps both candidates at 2^20; ``--threads 1`` measures the
 kernels without that.
 """
-import argparse
-import json
-import os
 import platform
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_ops import forward_backward, parse_sizes, settle, time_interleaved  # noqa: E402
-
-import fakequant  # noqa: E402
+import fakequant
+from _common import (add_output_options, argument_parser, forward_backward, parse_sizes, settle, size_label,
+                     time_interleaved, write_json)
 
 TARGET = 1.5
 CHANNELS = 64
@@ -69,13 +64,8 @@ def run(args):
                      "cpu": platform.processor() or platform.machine()}, "rows": rows}
 
 
-def _pow2(n):
-    k = n.bit_length() - 1
-    return f"2^{k}" if n == 1 << k else str(n)
-
-
 def format_row(r):
-    return (f"| {_pow2(r['numel'])} | {r['granularity']} | {r['mode']} | {r['torch_ms']:.3f} | "
+    return (f"| {size_label(r['numel'])} | {r['granularity']} | {r['mode']} | {r['torch_ms']:.3f} | "
             f"{r['fakequant_ms']:.3f} | {r['speedup']:.2f}x |")
 
 
@@ -86,21 +76,19 @@ def format_table(rows):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser(__doc__, summary=True)
     p.add_argument("--sizes", default="2^20,2^24")
     p.add_argument("--device", default="cpu")
     p.add_argument("--rounds", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--json")
+    add_output_options(p)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     args.sizes = parse_sizes(args.sizes)
     result = run(args)
     print(format_table(result["rows"]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -47,45 +47,22 @@ forward+backward, for fakequant's affine (per tensor with Python numbers and
 with tensors, per channel) and amax calls (tensor amax and Python number)
 against torch's op with the same kind of parameters, and ``clone``.
 """
-import argparse
-import json
-import math
 import os
-import platform
-import re
-import statistics
 import sys
 import time
 
 import torch
 
 import fakequant
+from _common import (PQFakeTensorQuant, add_output_options, argument_parser, forward_backward, machine_info,
+                     parse_sizes, progress_bar, settle, size_label, time_interleaved, write_json)
 
 FWD, FWD_BWD = "fwd", "fwd+bwd"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 IMPLS = ("clone", "fakequant", "torch", "pq-python")
 
 
-# --- pytorch-quantization's fake_tensor_quant, as plain PyTorch --------------
-
-
-class _PQFakeTensorQuant(torch.autograd.Function):
-    # The arithmetic of pytorch_quantization.tensor_quant.FakeTensorQuantFunction
-    # (scale = bound / amax, multiply, round, clamp, divide), written here from
-    # its documented behaviour; it saves the whole input for backward.
-    @staticmethod
-    def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-        ctx.save_for_backward(inputs, amax)
-        bound = 2.0 ** (num_bits - 1 + int(unsigned)) - 1.0
-        min_bound = 0 if unsigned else (-bound if narrow_range else -bound - 1)
-        scale = bound / amax
-        out = torch.clamp((inputs * scale).round_(), min_bound, bound)
-        return out / scale
-
-    @staticmethod
-    def backward(ctx, grad):
-        inputs, amax = ctx.saved_tensors
-        return torch.where(inputs.abs() <= amax, grad, grad.new_zeros(1)), None, None, None, None
+# --- the FP8 peer (pytorch-quantization's: _common.PQFakeTensorQuant) -------------
 
 
 class _CastFp8(torch.autograd.Function):
@@ -104,102 +81,11 @@ class _CastFp8(torch.autograd.Function):
         return torch.where(inputs.abs() <= amax, grad, grad.new_zeros(1)), None
 
 
-# --- sizes ----------------------------------------------------------------------
-
-
-def _count(token):
-    token = token.strip()
-    m = re.fullmatch(r"2\^(\d+)", token)
-    return 1 << int(m.group(1)) if m else int(token)
-
-
-def parse_sizes(spec):
-    """'2^10..2^26:2,1000' -> [1024, 4096, ..., 67108864, 1000]."""
-    sizes = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*2\^(\d+)\s*\.\.\s*2\^(\d+)\s*(?::\s*(\d+))?\s*", part)
-        if m:
-            lo, hi, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
-            sizes += [1 << k for k in range(lo, hi + 1, step)]
-        else:
-            sizes.append(_count(part))
-    return sizes
-
-
-def size_label(numel):
-    k = numel.bit_length() - 1
-    return f"2^{k}" if numel == 1 << k else str(numel)
+# --- rounds, pages ----------------------------------------------------------------
 
 
 def default_rounds(numel):
     return 15 if numel <= 1 << 22 else 7 if numel <= 1 << 24 else 3
-
-
-# --- timing -------------------------------------------------------------------
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_interleaved(fns, device, rounds, warmup=3, reps=1, min_sample_s=0.0):
-    """Median seconds per call of each function, calling them in turn every round.
-
-    A sample is `reps` calls or more: as many as make it last `min_sample_s`
-    (estimated from the last warm-up call). On CUDA a sample is timed with CUDA
-    events on the current stream."""
-    calls = {}
-    for name, f in fns.items():
-        for i in range(max(warmup, 1)):
-            _sync(device)
-            t0 = time.perf_counter()
-            f()
-            _sync(device)
-            single = time.perf_counter() - t0
-        calls[name] = max(reps, min(10000, math.ceil(min_sample_s / max(single, 1e-9))))
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, f in fns.items():
-            n = calls[name]
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(n):
-                    f()
-                end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end) / 1e3 / n)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    f()
-                samples[name].append((time.perf_counter() - t0) / n)
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
-def forward_backward(fn, x, grad):
-    """A callable running fn forward and its gradient w.r.t. x (no accumulation into x.grad)."""
-    xr = x.detach().requires_grad_()
-
-    def run():
-        y = fn(xr)
-        return torch.autograd.grad(y, xr, grad)
-
-    return run
-
-
-def settle(device, seconds=1.0):
-    """Runs parallel work and small calls for a while first: on a small VM the first
-    parallel regions of a fresh process can stall for milliseconds, and the first
-    thousands of small calls run slower than the later ones."""
-    big, small = torch.randn(1 << 20, device=device), torch.randn(1 << 10, device=device)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        big.clone().mul_(2)
-        for _ in range(100):
-            small.clone().mul_(2)
-    _sync(device)
 
 
 def pages():
@@ -265,7 +151,7 @@ def cases(x, ops=OPS):
             lambda t: fakequant.fake_quantize_amax(t, amax),
             {
                 "torch": lambda t: torch.fake_quantize_per_tensor_affine(t, 2.5 / 127, 0, -127, 127),
-                "pq-python": lambda t: _PQFakeTensorQuant.apply(t, amax_pq),
+                "pq-python": lambda t: PQFakeTensorQuant.apply(t, amax_pq),
             },
         ),
         (
@@ -274,7 +160,7 @@ def cases(x, ops=OPS):
             lambda t: fakequant.fake_quantize_amax(t, amax_c),
             {
                 "torch": lambda t: torch.fake_quantize_per_channel_affine(t, scale_c, zp, 0, -127, 127),
-                "pq-python": lambda t: _PQFakeTensorQuant.apply(t, amax_c_pq),
+                "pq-python": lambda t: PQFakeTensorQuant.apply(t, amax_c_pq),
             },
         ),
         (
@@ -520,29 +406,8 @@ def format_overhead(rows, device="cpu"):
     return "\n".join(lines)
 
 
-def machine_info():
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return dict(
-        cpu=model,
-        cpu_count=os.cpu_count(),
-        cpu_capability=torch.backends.cpu.get_cpu_capability(),
-        torch=torch.__version__,
-        python=platform.python_version(),
-        threads=torch.get_num_threads(),
-        thp=os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",
-    )
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--numel", type=int, default=1 << 24)
     parser.add_argument("--sizes", help="element counts: 1000,2^20,2^10..2^26:2 (default: --numel)")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, float64, or several: float32,bfloat16")
@@ -554,16 +419,13 @@ def main():
     parser.add_argument("--min-sample-ms", type=float, default=2.0, help="repeat fast calls to fill a sample")
     parser.add_argument("--overhead", action="store_true", help="per-call overhead instead, in microseconds")
     parser.add_argument("--overhead-sizes", default="2^10..2^14:2")
-    parser.add_argument("--json", help="also save the rows to this JSON file")
     parser.add_argument("--thp", action="store_true", help="rerun with THP_MEM_ALLOC_ENABLE=1")
-    parser.add_argument("--no-progress", action="store_true")
+    add_output_options(parser, json_help="also save the rows to this JSON file", progress=True)
     args = parser.parse_args()
     if args.thp and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
         # torch reads the variable once, at start-up.
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
         os.execv(sys.executable, [sys.executable] + sys.argv)
-    from tqdm import tqdm
-
     devices = [torch.device(d) for d in args.device.split(",")]
     sizes = parse_sizes(args.sizes) if args.sizes else [args.numel]
     dtypes = [DTYPES[d.strip()] for d in args.dtype.split(",")]
@@ -577,8 +439,7 @@ def main():
         settle(device)
         if args.overhead:
             osizes = parse_sizes(args.overhead_sizes)
-            with tqdm(total=len(PER_CALL_PASSES) * len(osizes), desc=f"overhead {device}", disable=args.no_progress or None,
-                      leave=False) as bar:
+            with progress_bar(len(PER_CALL_PASSES) * len(osizes), f"overhead {device}", not args.no_progress) as bar:
                 device_rows = overhead(device, osizes, rounds=args.rounds or 25, progress=bar)
             print(f"Microseconds per call on {device} ({torch.get_num_threads()} threads)")
             print(format_overhead(device_rows, str(device)))
@@ -586,7 +447,7 @@ def main():
             continue
         device_rows = []
         total = len(sizes) * len(dtypes) * len(ops) * len(modes)
-        with tqdm(total=total, desc=f"ops {device}", disable=args.no_progress or None, leave=False) as bar:
+        with progress_bar(total, f"ops {device}", not args.no_progress) as bar:
             for dtype in dtypes:
                 for numel in sizes:
                     device_rows += run(numel, device, args.rounds, args.cuda_reps, dtype, ops, modes,
@@ -612,8 +473,7 @@ def main():
             date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             pages=pages(),
         )
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows, overhead=overhead_rows), f, indent=1)
+        write_json(args.json, dict(meta=meta, rows=rows, overhead=overhead_rows))
         print(f"wrote {args.json}")
 
 

@@ -21,7 +21,6 @@ eager-mode QAT.
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,8 @@ import time
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for bench_ops
+from _common import (PQFakeTensorQuant, ResNet18, add_output_options, argument_parser, new_storage_bytes,
+                     progress_bar, status_mb, write_json)
 
 CONFIGS = ("float", "fakequant", "fakequant, torch's ops", "torch.ao")
 DESCRIPTIONS = {
@@ -44,60 +44,6 @@ DESCRIPTIONS = {
 BATCH, SIZE, CLASSES = 32, 64, 100
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu1 = nn.ReLU()
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.relu2 = nn.ReLU()
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-        self.add = torch.ao.nn.quantized.FloatFunctional()  # a plain add outside torch.ao QAT
-
-    def forward(self, x):
-        out = self.relu1(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu2(self.add.add(out, x if self.down is None else self.down(x)))
-
-
-class ResNet18(nn.Module):
-    """torchvision's resnet18 layer structure (which takes 64x64 inputs as they are)."""
-
-    def __init__(self, classes=CLASSES):
-        super().__init__()
-        self.quant = torch.ao.quantization.QuantStub()
-        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU()
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        blocks, cin = [], 64
-        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
-            cin = cout
-        self.blocks = nn.Sequential(*blocks)
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, classes)
-        self.dequant = torch.ao.quantization.DeQuantStub()
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(self.quant(x)))))
-        x = self.blocks(x)
-        return self.dequant(self.fc(torch.flatten(self.pool(x), 1)))
-
-    def fusion_groups(self):
-        groups = [["conv1", "bn1", "relu"]]
-        for i, b in enumerate(self.blocks):
-            groups += [[f"blocks.{i}.conv1", f"blocks.{i}.bn1", f"blocks.{i}.relu1"],
-                       [f"blocks.{i}.conv2", f"blocks.{i}.bn2"]]
-            if b.down is not None:
-                groups.append([f"blocks.{i}.down.0", f"blocks.{i}.down.1"])
-        return groups
-
-
 def make_data():
     torch.manual_seed(0)
     return torch.randn(BATCH, 3, SIZE, SIZE), torch.randint(0, CLASSES, (BATCH,))
@@ -105,7 +51,7 @@ def make_data():
 
 def build(config, data):
     torch.manual_seed(0)
-    model = ResNet18()
+    model = ResNet18(CLASSES)
     if config.startswith("fakequant"):
         import fakequant
 
@@ -176,12 +122,10 @@ def saved_bytes(model, data):
     handles += [m.register_forward_hook(post) for m in quantizers]
 
     def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if key not in seen:
-            seen.add(key)
-            counts["all"] += key[1]
-            if active[0]:
-                counts["fake_quant"] += key[1]
+        n = new_storage_bytes(seen, t)
+        counts["all"] += n
+        if active[0]:
+            counts["fake_quant"] += n
         return t
 
     try:
@@ -198,7 +142,6 @@ def saved_bits_per_element_of_one_op():
     """Bits saved for backward per element by one fake-quant op, each implementation
     run alone on a tensor that requires grad."""
     import fakequant
-    from bench_ops import _PQFakeTensorQuant
 
     x = torch.randn(1 << 16, requires_grad=True)
     amax = torch.tensor(2.5)
@@ -208,7 +151,7 @@ def saved_bits_per_element_of_one_op():
         "fakequant.fake_quantize_per_tensor_affine": lambda: fakequant.fake_quantize_per_tensor_affine(x, 0.02, 0, -128, 127),
         "torch.fake_quantize_per_tensor_affine": lambda: torch.fake_quantize_per_tensor_affine(x, 0.02, 0, -128, 127),
         "torch.ao FakeQuantize module": lambda: ao(x),
-        "pytorch-quantization's fake_tensor_quant (as plain PyTorch)": lambda: _PQFakeTensorQuant.apply(x, amax),
+        "pytorch-quantization's fake_tensor_quant (as plain PyTorch)": lambda: PQFakeTensorQuant.apply(x, amax),
     }
     bits = {}
     for name, fn in candidates.items():
@@ -225,15 +168,6 @@ def saved_bits_per_element_of_one_op():
     return bits
 
 
-def _status_mb(field):
-    # VmHWM, unlike ru_maxrss, starts afresh at exec (ru_maxrss keeps the parent's peak).
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if field == "VmHWM" else float("nan")
-
-
 def memory_of_one(config):
     """In a fresh process: resident size before training, peak over two steps, saved bytes."""
     data = make_data()
@@ -241,9 +175,9 @@ def memory_of_one(config):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     with _TorchOps(config):
         step(model, opt, data)  # the optimizer's momentum buffers exist from here on
-        before = _status_mb("VmRSS")
+        before = status_mb("VmRSS")
         step(model, opt, data)
-        peak = _status_mb("VmHWM")
+        peak = status_mb("VmHWM")
         saved = saved_bytes(model, data)
     return dict(config=config, rss_before_mb=before, peak_rss_mb=peak,
                 saved_mb=saved["all"] / 2**20, saved_fake_quant_mb=saved["fake_quant"] / 2**20,
@@ -272,9 +206,7 @@ def step_times(rounds, progress=None):
 
 
 def run(rounds, progress=True):
-    from tqdm import tqdm
-
-    with tqdm(total=rounds + 1 + len(CONFIGS), desc="QAT step", disable=not progress or None, leave=False) as bar:
+    with progress_bar(rounds + 1 + len(CONFIGS), "QAT step", progress) as bar:
         times = step_times(rounds, bar)
         rows = []
         for config in CONFIGS:
@@ -312,10 +244,9 @@ def format_tables(result):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5, help="timed steps of each configuration")
-    parser.add_argument("--json")
-    parser.add_argument("--no-progress", action="store_true")
+    add_output_options(parser, progress=True)
     parser.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.one:
@@ -325,9 +256,7 @@ def main():
     print(f"ResNet-18 (torchvision's layers), batch {BATCH}, 3x{SIZE}x{SIZE}, SGD; "
           f"{result['threads']} threads; median of {args.rounds} steps, configurations interleaved")
     print(format_tables(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

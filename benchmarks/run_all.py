@@ -31,16 +31,15 @@ import subprocess
 import sys
 import time
 
+# Run as a script, this file has benchmarks/ first on sys.path: it imports the benchmark
+# scripts (and _common) for their tables, and runs them each in a fresh process.
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 
 MAIN_OPS = ("affine per-tensor", "affine per-channel", "amax per-tensor", "amax per-channel")
 CLONE_TARGET, TORCH_TARGET, QAT_TARGET, BITS_TARGET, GPU_TARGET = 1.15, 2.0, 1.3, 1.0, 0.9
-# Block-wise dynamic quantization (its own amax per block, in the same pass: NVFP4, the MX
-# formats, per-token rows too): the forward within 1.3x of a clone on CPU.
-BLOCKWISE_OPS = ("block-wise int8 b32", "block-wise int8 b128", "block-wise NVFP4 b16", "block-wise MXFP8 b32",
-                 "block-wise MXFP4 b32", "block-wise MXINT8 b32", "per-token int8", "per-token fp8")
+# Block-wise dynamic quantization (bench_ops.BLOCKWISE_OPS: its own amax per block, in the same
+# pass: NVFP4, the MX formats, per-token rows too): the forward within 1.3x of a clone on CPU.
 BLOCKWISE_TARGET = 1.3
 HEADLINE = 1 << 24
 # torch.compile'd QAT step (issue 17): within 1.05x of the compiled float step, faster than every
@@ -210,6 +209,8 @@ def _ratio(value, threshold):
 
 def targets(results):
     """(target, where, measured, verdict) rows."""
+    from bench_ops import BLOCKWISE_OPS
+
     rows = []
     for name, pages, data in (("4 KiB pages", "4k", results.get("ops")),
                               ("2 MiB pages (THP)", "thp", results.get("ops_thp"))):
@@ -339,6 +340,14 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path, **layout):
+    """Lays the figure out, writes it at 90 dpi and closes it; True: a plot was written."""
+    fig.tight_layout(**layout)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def plot_sweep(data, dtype, path, device="cpu", pages=""):
     from bench_ops import OPS
 
@@ -373,10 +382,7 @@ def plot_sweep(data, dtype, path, device="cpu", pages=""):
     fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=4, frameon=False)
     where = "CUDA events" if device != "cpu" else pages
     fig.suptitle(f"fakequant operators, {dtype}, {device} ({where}): bandwidth by size, higher is better")
-    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path, rect=(0, 0.05, 1, 0.96))
 
 
 def plot_headline(ops4k, opsthp, path):
@@ -409,10 +415,7 @@ def plot_headline(ops4k, opsthp, path):
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, frameon=False, fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path, rect=(0, 0.06, 1, 1))
 
 
 def plot_overhead(data, path, device="cpu"):
@@ -437,10 +440,7 @@ def plot_overhead(data, path, device="cpu"):
     axes[0].set_ylabel("fakequant's time per call / torch's op's, lower is better")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"per-call cost at small sizes against torch's op, {device}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def plot_qat(data, path):
@@ -465,10 +465,7 @@ def plot_qat(data, path):
         ax.set_title(label, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("ResNet-18 training step, batch 32, 3x64x64 (lower is better)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def plot_compiled(data, path):
@@ -493,13 +490,15 @@ def plot_compiled(data, path):
         ax.set_title(model, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle("One QAT training step, eager and compiled (lower is better)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 # --- the report ----------------------------------------------------------------
+
+
+def _image(plots, key, alt):
+    """The report's lines showing the plot `key`: none where it was not drawn."""
+    return [f"![{alt}]({plots[key]})", ""] if plots.get(key) else []
 
 
 def write_report(args, results, meta):
@@ -560,8 +559,7 @@ def write_report(args, results, meta):
 
     if plots.get("headline"):
         L += ["## Operators at 2^24 float32 elements, both page sizes", ""]
-        if plots.get("headline"):
-            L += [f"![2^24 float32, both page sizes]({plots['headline']})", ""]
+        L += _image(plots, "headline", "2^24 float32, both page sizes")
         L += ["'limit' is `torch.clone` of the same tensor, two clones for fwd+bwd; 'x limit' is fakequant's "
               "time over it; 'torch / fq' and 'pq-python / fq' are how many times longer the peers take. "
               "torch's ops run their cachemask variants (the ones autograd uses). 4 KiB pages are torch's "
@@ -573,8 +571,7 @@ def write_report(args, results, meta):
     if ops:
         L += [f"## Every operator, 2^10 to 2^26 elements ({ops['meta']['pages']})", ""]
         for dtype in ("float32", "bfloat16"):
-            if plots.get(dtype):
-                L += [f"![{dtype}]({plots[dtype]})", ""]
+            L += _image(plots, dtype, dtype)
         L += ["GB/s counts the bytes an op must move: input read and output written (twice that for fwd+bwd: "
               "the gradient read and written too); fakequant's 1-bit mask is not counted. Small sizes are "
               "repeated within a sample; rounds: 15 up to 2^22 elements, 7 at 2^24, 3 at 2^26.", ""]
@@ -585,8 +582,7 @@ def write_report(args, results, meta):
     ov = results.get("overhead")
     if ov:
         L += ["## Per-call overhead at small sizes", ""]
-        if plots.get("overhead"):
-            L += [f"![per-call overhead]({plots['overhead']})", ""]
+        L += _image(plots, "overhead", "per-call overhead")
         L += ["Microseconds per call, where the dispatcher and Python, not memory, dominate: fakequant's "
               "public functions (`fake_quantize_per_tensor_affine`, `fake_quantize_per_channel_affine`, "
               "`fake_quantize_amax`) against torch's op with the same kind of parameters (torch has no amax op: "
@@ -597,8 +593,7 @@ def write_report(args, results, meta):
     qat = results.get("qat_step")
     if qat:
         L += ["## QAT training step", ""]
-        if plots.get("qat"):
-            L += [f"![QAT step]({plots['qat']})", ""]
+        L += _image(plots, "qat", "QAT step")
         L += [f"ResNet-18 with torchvision's layer structure, batch {bench_qat_step.BATCH}, "
               f"3x{bench_qat_step.SIZE}x{bench_qat_step.SIZE} inputs, SGD with momentum, {qat['threads']} threads; "
               f"median of {qat['rounds']} steps, the configurations stepped in turn in one process. "
@@ -614,8 +609,7 @@ def write_report(args, results, meta):
         import bench_compiled_qat
 
         L += ["## QAT step under torch.compile", ""]
-        if plots.get("compiled"):
-            L += [f"![compiled QAT step]({plots['compiled']})", ""]
+        L += _image(plots, "compiled", "compiled QAT step")
         L += [bench_compiled_qat.__doc__.split("    python")[0].strip(), "",
               bench_compiled_qat.format_tables(compiled), ""]
 
@@ -641,8 +635,7 @@ def write_report(args, results, meta):
     if cuda:
         L += [f"## GPU: {cuda['meta'].get('gpu')} (CUDA events)", ""]
         for dtype in ("float32", "bfloat16"):
-            if plots.get(f"cuda_{dtype}"):
-                L += [f"![cuda {dtype}]({plots[f'cuda_{dtype}']})", ""]
+            L += _image(plots, f"cuda_{dtype}", f"cuda {dtype}")
         dev = cuda["rows"][0]["device"] if cuda["rows"] else "cuda"
         for dtype in ("float32", "bfloat16"):
             for mode in (FWD, FWD_BWD):
@@ -684,7 +677,7 @@ def main():
 
     meta_path = os.path.join(args.out, "meta.json")
     previous = _load(args.out, "meta.json") or {}
-    from bench_ops import machine_info
+    from _common import machine_info
 
     meta = dict(machine_info(), date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
                 gpu=torch.cuda.get_device_name() if cuda_ok else None, thp_sysfs=thp_sysfs(), git=git_describe(),
