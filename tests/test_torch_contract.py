@@ -151,6 +151,16 @@ def test_bad_arguments_raise_what_torch_raises_too(case):
     assert str(info.value).startswith("fakequant:")
 
 
+def test_a_float_zero_point_with_a_zero_scale_is_refused():
+    # torch takes it (that channel's outputs are +-0); fakequant refuses it as every
+    # invalid scale (the values of CPU tensors are checked)
+    scale, zero_point = torch.tensor([0.1, 0.0, 0.2]), torch.tensor([1.5] * 3)
+    assert not torch.fake_quantize_per_channel_affine(X, scale, zero_point, 1, 0, 255)[:, 1].any()
+    with pytest.raises(RuntimeError, match="scale must be positive") as info:
+        fakequant.fake_quantize_per_channel_affine(X, scale, zero_point, 1, 0, 255)
+    assert isinstance(info.value, ValueError)
+
+
 PER_CHANNEL = dict(observer=tq.MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
                    dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=1)
 SCRIPTED = {

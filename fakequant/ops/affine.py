@@ -169,6 +169,13 @@ def _float_zero_point(input, scale, zero_point, axis, quant_min, quant_max, retu
                                        f"got {t.numel()}")
     if quant_min > quant_max:
         raise ValueAndRuntimeError(f"fakequant: quant_min ({quant_min}) must be <= quant_max ({quant_max})")
+    if scale.device.type == "cpu" and not torch.compiler.is_compiling() and not torch.onnx.is_in_onnx_export():
+        # (values are read on the host for CPU tensors only: no device synchronisation)
+        s32 = scale.detach().float()
+        if not bool(((s32 > 0) & s32.isfinite()).all()):
+            raise ValueAndRuntimeError(f"fakequant: scale must be positive and finite, got {scale.tolist()}")
+        if not bool(zero_point.detach().isfinite().all()):
+            raise ValueAndRuntimeError(f"fakequant: zero_point must be finite, got {zero_point.tolist()}")
     y, mask = float_zero_point_rule(input, scale, zero_point, axis, quant_min, quant_max, not exporting())
     return (y, mask) if return_mask else y
 
