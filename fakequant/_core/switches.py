@@ -10,6 +10,8 @@ import dataclasses
 import threading
 from typing import Any, Callable, Dict, Iterator, Optional
 
+import torch
+
 from .validation import check_bool
 
 __all__ = ["ExportOptions", "export_options", "current_export_options", "enable_onnx_export",
@@ -26,12 +28,13 @@ class ExportOptions:
         DequantizeLinear (default). False drops that Clip, as TensorRT needs;
         the graph then differs from PyTorch where ``x / scale`` rounds to -128.
     opset_version: the opset a plain ``torch.onnx.export(..., dynamo=True)``
-        builds fakequant's nodes for (None: torch's default, 20, or 21 for
-        block-wise formats). A traced operator cannot see the ``opset_version``
+        builds fakequant's nodes for (None: torch's default, 20, or the
+        format's minimum where higher: 19 for FP8, 21 for block-wise formats). A traced operator cannot see the ``opset_version``
         given to ``torch.onnx.export``: the exporter converts the nodes to a
         higher one and refuses a lower one; set this to the same value for the
         graph :func:`fakequant.onnx.export` writes at that opset (int4 and int16
-        types at 21, for example). :func:`fakequant.onnx.export` sets it itself.
+        types at 21, for example). :func:`fakequant.onnx.export` needs none: its
+        translations see the opset.
     """
 
     clip_narrow_range: bool = True
@@ -152,11 +155,11 @@ def lower_symbolically(op: str, *args: Any) -> Any:
     traces it outside ``fakequant.onnx.export``: its ONNX nodes, emitted with
     ``torch.onnx.ops.symbolic`` (same outputs as the operator); None when no such export
     runs (the caller then calls the operator)."""
-    if _state.translations or not dynamo_exporting():
+    # (torch.compiler.is_exporting first: it is False in eager code and costs ~30 ns, where
+    # torch.onnx.is_in_onnx_export costs ~1 us, on every operator call)
+    if not torch.compiler.is_exporting() or _state.translations or not dynamo_exporting():
         return None  # (the TorchScript exporter traces the operators and has their symbolics)
     if _symbolic_lowerings is None:
-        import torch
-
         raise TranslationError(_NO_SYMBOLIC.format(version=torch.__version__))
     return _symbolic_lowerings[op](*args)
 
@@ -180,16 +183,13 @@ def refuse_untranslated(op: str) -> None:
 
 def exporting() -> bool:
     """Whether an ONNX exporter (either) is tracing: the graph it writes is for inference,
-    so observers neither observe nor update buffers while it runs."""
-    import torch
-
-    return torch.onnx.is_in_onnx_export()
+    so observers neither observe nor update buffers while it runs. (Cheap outside a trace:
+    torch.onnx.is_in_onnx_export is asked only inside torch.export's or torch.jit's.)"""
+    return (torch.compiler.is_exporting() or torch.jit.is_tracing()) and torch.onnx.is_in_onnx_export()
 
 
 def dynamo_exporting() -> bool:
     """Whether torch's dynamo exporter is tracing (``torch.onnx.export``, ``dynamo=True``)."""
-    import torch
-
     return torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing()
 
 
@@ -197,8 +197,6 @@ def flag_on(flag: Any) -> bool:
     """A module's on/off buffer (torch.ao's ``fake_quant_enabled``) as an export reads it:
     its value under the TorchScript exporter's trace; on under the dynamo exporter, whose
     trace has no values to read (fake tensors)."""
-    import torch
-
     if torch.jit.is_tracing() or not exporting():
         return bool(flag.reshape(-1)[0])
     return True

@@ -169,7 +169,7 @@ def _float_zero_point(input, scale, zero_point, axis, quant_min, quant_max, retu
                                        f"got {t.numel()}")
     if quant_min > quant_max:
         raise ValueAndRuntimeError(f"fakequant: quant_min ({quant_min}) must be <= quant_max ({quant_max})")
-    if scale.device.type == "cpu" and not torch.compiler.is_compiling() and not torch.onnx.is_in_onnx_export():
+    if scale.device.type == "cpu" and not torch.compiler.is_compiling() and not exporting():
         # (values are read on the host for CPU tensors only: no device synchronisation)
         s32 = scale.detach().float()
         if not bool(((s32 > 0) & s32.isfinite()).all()):
