@@ -33,18 +33,23 @@ class FakeQuantizeForward(_FakeQuantizeBase):
             return self._scripted_forward(X)
         return self._eager_forward(X)
 
+    def _update_qparams(self, X: torch.Tensor) -> None:
+        """The observer, then its scale and zero point into the buffers (TorchScript
+        compiles it too)."""
+        self.activation_post_process(X.detach())
+        scale, zero_point = self.calculate_qparams()
+        scale, zero_point = scale.to(self.scale.device), zero_point.to(self.zero_point.device)
+        if self.scale.shape != scale.shape:  # per-channel buffers start with one element
+            self.scale.resize_(scale.shape)
+            self.zero_point.resize_(zero_point.shape)
+        self.scale.copy_(scale)
+        self.zero_point.copy_(zero_point)
+
     def _scripted_forward(self, X: torch.Tensor) -> torch.Tensor:
         # What torch.jit.script compiles: torch.ao's FakeQuantize.forward, with fakequant's
         # operator.
         if self.observer_enabled[0] == 1:
-            self.activation_post_process(X.detach())
-            scale, zero_point = self.calculate_qparams()
-            scale, zero_point = scale.to(self.scale.device), zero_point.to(self.zero_point.device)
-            if self.scale.shape != scale.shape:
-                self.scale.resize_(scale.shape)
-                self.zero_point.resize_(zero_point.shape)
-            self.scale.copy_(scale)
-            self.zero_point.copy_(zero_point)
+            self._update_qparams(X)
         if self.fake_quant_enabled[0] == 1:
             axis: Optional[int] = self.ch_axis if self.is_per_channel else None
             X = ops.scripted_fake_quantize_affine(X, self.scale, self.zero_point, axis,
@@ -57,14 +62,7 @@ class FakeQuantizeForward(_FakeQuantizeBase):
         observer = self.activation_post_process
         # (an export's graph is for inference: no observing; _core.flag_on)
         if not _core.exporting() and self.observer_enabled[0] == 1:
-            observer(X.detach())
-            scale, zero_point = self.calculate_qparams()
-            scale, zero_point = scale.to(self.scale.device), zero_point.to(self.zero_point.device)
-            if self.scale.shape != scale.shape:  # per-channel buffers start with one element
-                self.scale.resize_(scale.shape)
-                self.zero_point.resize_(zero_point.shape)
-            self.scale.copy_(scale)
-            self.zero_point.copy_(zero_point)
+            self._update_qparams(X)
         if _core.flag_on(self.fake_quant_enabled):
             if self.is_per_channel:  # (float qparams' zero points: torch's rule for them)
                 X = ops.fake_quantize_per_channel_affine(X, self.scale, self.zero_point, self.ch_axis,
