@@ -42,7 +42,12 @@ _INT_RANGES = {
     INT16: (-32768, 32767), UINT16: (0, 65535),
 }
 _TYPE_NAMES = {INT4: "int4", UINT4: "uint4", INT8: "int8", UINT8: "uint8", INT16: "int16", UINT16: "uint16"}
-ONNX_FLOAT_TYPES = {torch.float32: FLOAT, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16, torch.float64: DOUBLE}
+INT32, INT64, BOOL = 6, 7, 9
+# The ONNX type of each torch dtype a lowering's values can have (the builders map both ways).
+ONNX_TYPES = {torch.float32: FLOAT, torch.uint8: UINT8, torch.int8: INT8, torch.uint16: UINT16, torch.int16: INT16,
+              torch.int32: INT32, torch.int64: INT64, torch.bool: BOOL, torch.float16: FLOAT16, torch.float64: DOUBLE,
+              torch.bfloat16: BFLOAT16, torch.float8_e4m3fn: FLOAT8E4M3FN, torch.float8_e5m2: FLOAT8E5M2}
+ONNX_FLOAT_TYPES = {dt: ONNX_TYPES[dt] for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
 
 # Scale given to channels whose amax is <= 2^-24, which the operators set to 0:
 # rint(x / 2^100) is 0 for every |x| < 2^99 (all float16 values, and any

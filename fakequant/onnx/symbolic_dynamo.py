@@ -38,10 +38,6 @@ from . import _lowering
 DEFAULT_OPSET = 20
 BUILD_OPSET = 18
 
-_TORCH_TO_ONNX = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.uint16: 4, torch.int16: 5,
-                  torch.int32: 6, torch.int64: 7, torch.bool: 9, torch.float16: 10, torch.float64: 11,
-                  torch.bfloat16: 16, torch.float8_e4m3fn: 17, torch.float8_e5m2: 19}
-_BOOL = 9
 _COMPARISONS = {"Greater", "Less", "LessOrEqual", "GreaterOrEqual", "Equal", "Or", "And", "Not", "IsNaN", "IsInf"}
 _SAME_SHAPE = {"Abs", "Round", "Floor", "Log", "IsNaN", "IsInf", "Not", "Cast", "Clip", "QuantizeLinear",
                "DequantizeLinear"}
@@ -70,7 +66,7 @@ class _SymbolicBuilder(_lowering.Builder):
         known = self._types.get(id(value))
         if known is not None and known[0] is value:
             return known[1]
-        return _TORCH_TO_ONNX[value.dtype]
+        return _lowering.ONNX_TYPES[value.dtype]
 
     def op(self, op_type, *inputs, **attrs):
         onnx_type, shape = self._infer(op_type, inputs, attrs)
@@ -142,7 +138,7 @@ class _SymbolicBuilder(_lowering.Builder):
 
     def _type_of(self, op_type: str, inputs: Sequence[Any], attrs: Dict[str, Any]) -> int:
         if op_type in _COMPARISONS:
-            return _BOOL
+            return _lowering.BOOL
         if op_type == "Cast":
             return int(attrs["to"])
         if op_type == "QuantizeLinear":

@@ -22,8 +22,7 @@ import torch
 
 from . import _lowering
 
-_ONNX_TO_TORCH = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torch.float64,
-                  6: torch.int32, 7: torch.int64, 3: torch.int8, 2: torch.uint8, 5: torch.int16, 9: torch.bool}
+_ONNX_TO_TORCH = {t: dt for dt, t in _lowering.ONNX_TYPES.items()}
 # The dynamo exporter builds graphs at opset 18 or above (lower opsets are
 # converted afterwards).
 BUILD_OPSET = _DEFAULT_OPSET = 18
