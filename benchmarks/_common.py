@@ -7,9 +7,11 @@ sys.path, so it imports this module as ``import _common``; the scripts do not
 import one another.
 """
 import argparse
+import importlib.util
 import json
 import math
 import os
+import pathlib
 import platform
 import re
 import resource
@@ -269,3 +271,13 @@ class ResNet18(nn.Module):
             if b.down is not None:
                 groups.append([f"blocks.{i}.down.0", f"blocks.{i}.down.1"])
         return groups
+
+
+def test_oracles():
+    """tests/reference.py, the tests' plain-PyTorch oracles (loaded from its path: the
+    benchmarks time the library beside them, and tests/ is not a package)."""
+    path = pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference.py"
+    spec = importlib.util.spec_from_file_location("fakequant_test_oracles", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

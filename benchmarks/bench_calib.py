@@ -14,8 +14,7 @@ import time
 
 import torch
 
-from _common import add_output_options, argument_parser, size_label, sync, write_json
-from fakequant import reference
+from _common import add_output_options, argument_parser, size_label, sync, test_oracles, write_json
 from fakequant.calib import HistogramCalibrator
 
 
@@ -49,7 +48,8 @@ def run(bins=2048, repeat=20, device="cpu", baseline=False):
     if baseline:
         hist = calibrator._calib_hist.cpu().numpy()
         edges = calibrator._calib_bin_edges.cpu().numpy()
-        seconds = timed(lambda: reference.entropy_amax(hist, edges), 1, device, warmup=0)
+        entropy_amax = test_oracles().entropy_amax
+        seconds = timed(lambda: entropy_amax(hist, edges), 1, device, warmup=0)
         amax_rows.append(dict(method="entropy, one candidate at a time (numpy loop, for reference)",
                               ms=seconds * 1e3, amax=None))
 

@@ -1,5 +1,10 @@
-"""Plain-PyTorch reference of fakequant's numerics contract (README, docs/design.md): slow,
-obviously right, and what the tests and ``python -m fakequant info`` compare the operators to::
+"""fakequant's numerics contract in plain PyTorch (README, docs/design.md): obviously right,
+what ``torch.compile`` runs in place of the operators on the composite path
+(``fakequant._composite``), torch's rule for floating-point zero points
+(``fakequant.ops.affine``), and what the tests and ``python -m fakequant info`` compare the
+operators to. Its constants and ranges are ``fakequant._core``'s (from the compiled library);
+the tests' own oracles (LSQ by autograd, entropy one candidate at a time) are in
+tests/reference.py::
 
     s  = scale (float32)           amax family: s = fp32(amax) / bound
     xq = rint(fp32(x) / s) + zp    IEEE division, ties to even; xq - zp exact
@@ -17,7 +22,13 @@ from typing import Tuple
 
 import torch
 
-AMAX_EPSILON = 2.0**-24
+from ._core import AMAX_EPSILON, E2M1_MAX, E4M3_MAX, E5M2_MAX, amax_range
+
+__all__ = ["AMAX_EPSILON", "E2M1_VALUES", "amax_range", "blockwise_element_max",
+           "blockwise_saturation_limit", "compute_dtype", "e8m0_scale_of", "fake_quantize_affine",
+           "fake_quantize_affine_float_zero_point", "fake_quantize_amax", "fake_quantize_blockwise",
+           "fake_quantize_fp8", "fake_quantize_min_max", "format_max", "format_values", "mx_emax", "quantize_amax",
+           "round_e2m1", "round_to_float_format", "round_to_format", "round_to_grid"]
 
 
 def compute_dtype(x):
@@ -78,15 +89,9 @@ def fake_quantize_affine_float_zero_point(x: torch.Tensor, scale: torch.Tensor, 
     return y, mask
 
 
-def amax_range(num_bits, unsigned, narrow_range):
-    bound = 2 ** (num_bits - 1 + int(unsigned)) - 1
-    qmin = 0 if unsigned else (-bound if narrow_range else -bound - 1)
-    return bound, qmin
-
-
 def _amax_common(x, amax, num_bits, unsigned, narrow_range):
     ct = compute_dtype(x)
-    bound, qmin = amax_range(num_bits, unsigned, narrow_range)
+    qmin, bound = amax_range(num_bits, unsigned, narrow_range)
     a32 = torch.as_tensor(amax).to(x.device, torch.float32)
     zero = a32 <= AMAX_EPSILON
     s = torch.where(zero, torch.ones_like(a32), a32 / bound).to(ct)
@@ -124,34 +129,6 @@ def fake_quantize_min_max(x, min_range, max_range, num_bits=8):
     return y, mask
 
 
-def entropy_amax(hist, edges, num_bits=8, unsigned=False, stride=1, start_bin=128):
-    """pytorch-quantization's entropy calibration rule written out one candidate at a
-    time (numpy arrays ``hist`` and ``edges``): what the vectorised
-    HistogramCalibrator.compute_amax("entropy") is tested against and timed beside."""
-    import numpy as np  # a test/benchmark dependency, not a runtime one
-
-    bins = hist.astype(np.int64).copy()
-    bins[0] = bins[1]
-    levels = 1 << (num_bits - 1 + int(unsigned))
-    best, best_i = None, None
-    for i in range(start_bin, len(bins) + 1, stride):
-        level = (np.arange(i) * levels) // i
-        nonzero = bins[:i] > 0
-        sums = np.bincount(level[nonzero], weights=bins[:i][nonzero], minlength=levels)
-        counts = np.bincount(level[nonzero], minlength=levels)
-        q = np.where(nonzero, sums[level] / np.maximum(counts[level], 1), 0.0)
-        p = bins[:i].astype(np.float64)
-        p[-1] += bins[i:].sum()
-        p, q = p / p.sum(), q / q.sum()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kl = np.where(p > 0, np.where(q > 0, p * np.log(p / q), np.inf), 0.0).sum()
-        if best is None or kl <= best:  # the last minimum wins
-            best, best_i = kl, i
-    return edges[best_i]
-
-
-# === FP8 (edit only inside this section) ===
-
 def fake_quantize_fp8(x, amax, exponent_bits=4, mantissa_bits=3):
     """(y, mask) of FP8 (and FP6) fake quantization, rounding to nearest even (torch's float8
     casts for E4M3/E5M2, the value grid for FP6 E3M2/E2M3):
@@ -179,12 +156,7 @@ def fake_quantize_fp8(x, amax, exponent_bits=4, mantissa_bits=3):
     mask = x.to(ct).abs() <= a32.to(ct)
     return y.to(x.dtype), mask
 
-# === end FP8 ===
 
-
-# === block-wise (edit only inside this section) ===
-
-E4M3_MAX, E5M2_MAX, E2M1_MAX = 448.0, 57344.0, 6.0
 # (exponent_bits, mantissa_bits) of the formats without a torch dtype -> exponent bias
 # (OCP microscaling v1.0: every code finite, no infinities or NaN).
 _GRID_FORMATS = {(2, 1): 1, (3, 2): 3, (2, 3): 1}
@@ -252,7 +224,7 @@ def _block_format(num_bits, exponent_bits):
 
 def blockwise_element_max(num_bits, unsigned, exponent_bits):
     if exponent_bits == 0:
-        return float(amax_range(num_bits, unsigned, False)[0])
+        return float(amax_range(num_bits, unsigned, False)[1])
     return format_max(*_block_format(num_bits, exponent_bits))
 
 
@@ -360,7 +332,7 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
     xc = xb.to(ct)
     xs = xc / s.to(ct)
     if exponent_bits == 0:
-        bound, qmin = amax_range(num_bits, unsigned, narrow_range)
+        qmin, bound = amax_range(num_bits, unsigned, narrow_range)
         r = torch.round(xs)
         q = r.clamp(qmin, bound) + 0.0  # NaN stays NaN; +0.0 for q = -0.0
         inside = (r >= qmin) & (r <= bound)
@@ -379,41 +351,3 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
     return unblock(y).to(x.dtype), unblock(mask)
 
 
-# === end block-wise ===
-
-
-# === LSQ (edit only inside this section) ===
-
-
-def _scaled_grad(t, factor):
-    """t's value exactly (t + 0), with its gradient multiplied by factor (LSQ's grad_scale)."""
-    return t.detach() + (t * factor - (t * factor).detach())
-
-
-def fake_quantize_lsq(x, scale, zero_point, axis, quant_min, quant_max, grad_factor):
-    """LSQ/LSQ+ in plain PyTorch, with straight-through rounding, so that autograd of it
-    gives the LSQ gradients; the value is fake_quantize_affine's. For a float64 x, with
-    r = rint(x / s), inside = quant_min - zp <= r <= quant_max - zp::
-
-      d x     = grad inside, 0 outside;
-      d scale = grad_factor * sum(grad * (r - x / s) inside, (quant_min - zp) below, (quant_max - zp) above);
-      d zp    = grad_factor * sum(-grad * s outside), for a floating zero_point that requires grad.
-
-    scale and zero_point may require grad; zero_point must hold integers. Finite x only
-    (x / s rounded straight-through is NaN at +-inf); NaN x gives NaN y.
-    """
-    ct = compute_dtype(x)
-    s = _broadcast_param(scale, x, axis).to(x.device, torch.float32).to(ct)
-    s = _scaled_grad(s, grad_factor)
-    zp = _broadcast_param(zero_point, x, axis).to(x.device)
-    zp64 = zp.detach().to(torch.float64)  # int32 values: exact
-    # lo = quant_min - zp and hi = quant_max - zp as the kernels round them (inward, to
-    # values of ct), carrying the gradient -1 for zp.
-    dzp = _scaled_grad(zp.to(ct), grad_factor) - zp.detach().to(ct) if zp.is_floating_point() else 0.0
-    lo = _integer_bound(quant_min - zp64, ct, up=True) - dzp
-    hi = _integer_bound(quant_max - zp64, ct, up=False) - dzp
-    v = x.to(ct) / s
-    r = v + (torch.round(v) - v).detach()  # the value is round(v) exactly
-    return ((torch.clamp(r, lo, hi) + 0.0) * s).to(x.dtype)  # +0.0 for q = -0.0
-
-# === end LSQ ===

@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from fakequant import calib, ops, reference
+from fakequant import calib, ops
+
+import reference
 from fakequant import nn as quant_nn
 from fakequant.tensor_quant import QuantDescriptor
 

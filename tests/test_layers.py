@@ -19,8 +19,8 @@ ROOT = pathlib.Path(fakequant.__file__).parent
 # no two of them import each other.
 LAYERS = [
     ("the version, the compiled libraries and their loader", {"_version", "_build", "_C", "_extension"}),
-    ("plain-PyTorch reference for tests", {"reference"}),
     ("constants, validation, switches", {"_core"}),
+    ("the numerics contract in plain PyTorch", {"reference"}),
     ("the operators' rules as composites under torch.compile", {"_composite"}),
     ("operators: the only user of torch.ops.fakequant", {"ops"}),
     ("descriptors, functions and named recipes", {"tensor_quant", "presets"}),

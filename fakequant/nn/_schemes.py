@@ -43,20 +43,29 @@ class _FakeInteger:
 
 class _TorchNative:
     """torch's native fake quantization on the full integer range (exports to ONNX QDQ;
-    torch's own checks of the scale apply whatever ``check_values`` says)."""
+    torch's own checks of the scale apply whatever ``check_values`` says). An amax <=
+    AMAX_EPSILON (a tensor, or a channel) gives the amax operator's output there: every
+    element +0 (docs/design.md, the tiny-amax rule), which no scale of torch's gives."""
 
     def __call__(self, q, inputs, amax, check_values=True):
         qmin, bound = _core.amax_range(q._num_bits, q._unsigned, narrow_range=False)
         if amax.numel() == 1:
-            scale = max(float(amax), _core.AMAX_EPSILON) / bound
-            return torch.fake_quantize_per_tensor_affine(inputs, scale, 0, qmin, bound)
+            if float(amax) <= _core.AMAX_EPSILON:
+                return FAKE_INTEGER(q, inputs, amax, check_values)
+            return torch.fake_quantize_per_tensor_affine(inputs, float(amax) / bound, 0, qmin, bound)
         flat = amax.detach().squeeze()
         if flat.dim() != 1:
             raise ValueError(f"torch's per-channel fake quantization takes one axis; amax has shape {tuple(amax.shape)}")
         axis = list(amax.shape).index(flat.numel())
-        scale = (flat.float().clamp(min=_core.AMAX_EPSILON) / bound).to(inputs.device)
+        flat = flat.float()
+        degenerate = flat <= _core.AMAX_EPSILON
+        scale = torch.where(degenerate, torch.ones_like(flat), flat / bound).to(inputs.device)
         zero_point = torch.zeros_like(scale, dtype=torch.int32)
-        return torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, axis, qmin, bound)
+        outputs = torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, axis, qmin, bound)
+        if bool(degenerate.any()):
+            outputs = torch.where(degenerate.to(inputs.device).reshape(amax.shape),
+                                  FAKE_INTEGER(q, inputs, amax, check_values), outputs)
+        return outputs
 
 
 class _FP8:
@@ -113,7 +122,11 @@ class _Learned:
             # (no gradient to compute: the amax operator, which exports with a constant scale)
             return q._quantize(inputs, amax.detach())
         qmin, qmax = _core.amax_range(q._num_bits, q._unsigned, q._narrow_range)
-        scale = amax.clamp_min(_core.AMAX_EPSILON) / qmax
+        # The tiny-amax rule (docs/design.md): an amax <= AMAX_EPSILON quantizes to +0, as
+        # the amax operator does. Scale 1 does that to the clipped inputs (|x| <= amax < 1/2
+        # round to 0, and their gradient passes) and leaves the range the clip stage's
+        # gradient only. (Divided by a tensor: the IEEE quotient the operator computes.)
+        scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), amax / torch.full_like(amax, qmax))
         return ops.fake_quantize_lsq(inputs, scale, 0, None, qmin, qmax)
 
 
