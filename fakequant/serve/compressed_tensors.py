@@ -59,6 +59,7 @@ class LayerPlan(NamedTuple):
     weights: Dict[str, Any]
     inputs: Optional[Dict[str, Any]]
     tensors: Dict[str, torch.Tensor]
+    shape: Tuple[int, ...]
 
 
 # --- the parts of a quantizer every format refuses -------------------------------------
@@ -209,12 +210,13 @@ def _weight_plan(where: str, q: TensorQuantizer, weight: torch.Tensor) -> Tuple[
 
     if isinstance(fmt, int) or fmt == _E4M3 and q.scale_bits is None:
         # one level: s = fp32(amax) / bound (int: 2^(b-1) - 1, E4M3: 448); amax <= 2^-24 gives 0
-        is_int = isinstance(fmt, int)
-        if is_int and not 2 <= int(fmt) <= 8:
+        bits = fmt if isinstance(fmt, int) else 0
+        is_int = bits > 0
+        if is_int and not 2 <= bits <= 8:
             raise _refuse(where, f"num_bits={fmt}: the format stores integers of 2 to 8 bits")
         if q.scale_bits is not None:
             raise _refuse(where, f"integer elements with scale_bits={q.scale_bits}")
-        bound = float(_core.amax_bound(int(fmt))) if is_int else _core.float_format_max(_E4M3)
+        bound = float(_core.amax_bound(bits)) if is_int else _core.float_format_max(_E4M3)
         if size is None:
             amax, strategy = _per_row_or_tensor_amax(where, q, w)
             args: Dict[str, Any] = {"strategy": strategy}
@@ -229,7 +231,7 @@ def _weight_plan(where: str, q: TensorQuantizer, weight: torch.Tensor) -> Tuple[
             stored = codes
         else:
             stored = codes.to(torch.float8_e4m3fn)
-        args.update(num_bits=8 if not is_int else int(fmt), type="int" if is_int else "float", symmetric=True,
+        args.update(num_bits=bits if is_int else 8, type="int" if is_int else "float", symmetric=True,
                     dynamic=False)
         tensors["weight"], tensors["weight_scale"] = stored, scale
         dequant = stored.float() * _expand(scale, w)
@@ -302,12 +304,13 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
                              "the format rounds activations to the full signed range")
     fmt = q.num_bits
     block = _last_axis_block(q, 2)
-    is_int = isinstance(fmt, int)
-    if is_int and not 2 <= int(fmt) <= 8:
+    bits = fmt if isinstance(fmt, int) else 0
+    is_int = bits > 0
+    if is_int and not 2 <= bits <= 8:
         raise _refuse(where, f"num_bits={fmt}: the format's integer activations have 2 to 8 bits")
     if not is_int and fmt not in (_E4M3, _E2M1):
         raise _refuse(where, f"num_bits={fmt}: the format's float activations are E4M3 and E2M1")
-    base = {"num_bits": int(fmt) if is_int else 1 + sum(fmt), "type": "int" if is_int else "float",
+    base = {"num_bits": bits if is_int else (4 if fmt == _E2M1 else 8), "type": "int" if is_int else "float",
             "symmetric": True}
     if q.scale_bits is None and (is_int or fmt == _E4M3):
         if block == (True, None) and q.dynamic:
@@ -318,7 +321,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
                 return {**base, "strategy": "tensor", "dynamic": True}, {}
             if static.numel() != 1:
                 raise _refuse(where, f"an amax of shape {tuple(static.shape)} with axis=None")
-            bound = float(_core.amax_bound(int(fmt))) if is_int else _core.float_format_max(_E4M3)
+            bound = float(_core.amax_bound(bits)) if is_int else _core.float_format_max(_E4M3)
             amax = static.reshape(1)
             scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), amax / torch.full_like(amax, bound))
             return {**base, "strategy": "tensor", "dynamic": False}, {"input_scale": scale}
@@ -344,7 +347,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
 # --- the model ---------------------------------------------------------------------------
 
 
-def _quantizers_outside(model: torch.nn.Module, linears: Dict[str, torch.nn.Module]) -> List[str]:
+def _quantizers_outside(model: torch.nn.Module, linears: Dict[str, quant_nn.QuantLinear]) -> List[str]:
     """The enabled quantizers that are not a QuantLinear's own (attention, convolutions, ...)."""
     found = []
     for name, module in model.named_modules():
@@ -361,7 +364,7 @@ def plan(model: torch.nn.Module) -> Tuple[Dict[str, LayerPlan], List[str]]:
     writing anything. Raises ValueError naming the first quantizer the format cannot describe."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    quantized: Dict[str, torch.nn.Module] = {}
+    quantized: Dict[str, quant_nn.QuantLinear] = {}
     ignore: List[str] = []
     for name, module in model.named_modules():
         if isinstance(module, quant_nn.QuantLinear):
@@ -388,7 +391,7 @@ def plan(model: torch.nn.Module) -> Tuple[Dict[str, LayerPlan], List[str]]:
                                                       "bit for bit (a rule this exporter does not know)")
         i_args, i_tensors = _input_plan(f"{name}.input_quantizer", iq)
         tensors.update(i_tensors)
-        plans[name] = LayerPlan(w_args, i_args, tensors)
+        plans[name] = LayerPlan(w_args, i_args, tensors, tuple(module.weight.shape))
     if not plans:
         raise ValueError("model has no quantized Linear layer (convert it with fakequant.quantize_model first)")
     return plans, sorted(ignore)
@@ -422,7 +425,7 @@ def _scheme_groups(ct: Any, plans: Dict[str, LayerPlan], ignore: List[str]) -> T
     return groups, formats
 
 
-def _stored(ct: Any, fmt: str, tensors: Dict[str, torch.Tensor], w_args: Dict[str, Any], shape: torch.Size) -> Dict[str, torch.Tensor]:
+def _stored(ct: Any, fmt: str, tensors: Dict[str, torch.Tensor], w_args: Dict[str, Any], shape: Tuple[int, ...]) -> Dict[str, torch.Tensor]:
     """The layer's tensors as the format stores them (the codes packed where it packs them)."""
     from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
@@ -486,8 +489,7 @@ def export_compressed_tensors(model: torch.nn.Module, directory: Union[str, "os.
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(quantizer_prefixes)}
     for name, p in plans.items():
         del state[f"{name}.weight"]
-        shape = model.get_submodule(name).weight.shape
-        for local, tensor in _stored(ct, formats[name], p.tensors, p.weights, shape).items():
+        for local, tensor in _stored(ct, formats[name], p.tensors, p.weights, p.shape).items():
             state[f"{name}.{local}"] = tensor.contiguous()
 
     os.makedirs(directory, exist_ok=True)
