@@ -7,7 +7,9 @@ within the bound stated per preset otherwise (docs/serving.md)."""
 import importlib
 import json
 import os
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,3 +214,27 @@ def test_weight_only_preset_disables_inputs():
         fakequant.quantize_model(_llama(128), preset="W4A16", quantize_attention=True)
     assert fakequant.quantize_model(_llama(128), preset="W4A16",
                                     quantize_attention=QuantDescriptor(num_bits=8)) is not None
+
+
+@pytest.mark.parametrize("preset", ["W8A8", "FP8", "W4A16"])
+def test_bfloat16_weights_reload_bit_for_bit(tmp_path, preset):
+    # the dequantized load reads the float32 scales as written: bfloat16 weights are exact too
+    # (the compressed load rounds them to bfloat16 first: docs/serving.md)
+    model = _quantized(lambda: _llama(128 if preset == "W4A16" else 64), preset, torch.bfloat16)
+    fakequant.export_checkpoint(model, tmp_path)
+    dense = _load(tmp_path, quantization_config=CompressedTensorsConfig(dequantize=True))
+    for name, module in model.named_modules():
+        if isinstance(module, quant_nn.QuantLinear):
+            with torch.no_grad():
+                fake = module.weight_quantizer(module.weight)
+            assert fake.dtype == torch.bfloat16 and bits_equal(dense.get_submodule(name).weight, fake), name
+
+
+def test_the_serving_page_example_runs(tmp_path, monkeypatch):
+    text = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(code, "docs/serving.md", "exec"), {})
+    assert (tmp_path / "llama-fp8" / "config.json").exists()
