@@ -27,7 +27,7 @@ from .. import _core
 from .. import nn as quant_nn
 from ..nn.tensor_quantizer import TensorQuantizer
 
-__all__ = ["export_compressed_tensors", "plan"]
+__all__ = ["LayerPlan", "export_compressed_tensors", "plan"]
 
 _E4M3 = (4, 3)
 _E2M1 = (2, 1)
