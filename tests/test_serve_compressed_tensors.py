@@ -55,7 +55,8 @@ def _llama(hidden=64):
 def _qwen3():
     return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=0,
+        head_dim=16, vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=True, attention_bias=True,
+        bos_token_id=0,
         eos_token_id=0, pad_token_id=0))
 
 
@@ -112,12 +113,17 @@ def test_llama_presets_reload_through_compressed_tensors(tmp_path, preset):
     _check(model, tmp_path, bound)
 
 
-def test_qwen3_with_tied_embeddings(tmp_path):
+def test_qwen3_with_tied_embeddings_and_biases(tmp_path):
     model = _quantized(_qwen3, "FP8_PER_CHANNEL", torch.float32)
-    fakequant.export_checkpoint(model, tmp_path)
-    dense = _check(model, tmp_path, 0.0)
+    fakequant.export_checkpoint(model, tmp_path / "a")
+    dense = _check(model, tmp_path / "a", 0.0)
     assert dense.lm_head.weight is dense.model.embed_tokens.weight
     assert torch.equal(dense.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    assert torch.equal(dense.model.layers[1].self_attn.k_proj.bias, model.model.layers[1].self_attn.k_proj.bias)
+    # a quantized lm_head tied to the embeddings cannot be written (one tensor for both)
+    model = fakequant.quantize_model(_qwen3(), preset="FP8_PER_CHANNEL", exclude=[])
+    _assert_refused(model, tmp_path / "b", r"lm_head\.weight_quantizer: its weight is shared with "
+                                           r"model\.embed_tokens\.weight")
 
 
 def test_mixed_schemes_and_excluded_layers(tmp_path):
@@ -210,6 +216,10 @@ def test_weight_only_preset_disables_inputs():
     model = fakequant.quantize_model(_llama(128), preset="W4A16")
     layer = model.model.layers[0].mlp.down_proj
     assert not layer.input_quantizer.is_enabled and layer.weight_quantizer.is_enabled
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the disabled input quantizers are not "uncalibrated"
+        fakequant.calibrate(model, [torch.randint(0, VOCAB, (2, 8))], progress=False,
+                            forward_fn=lambda m, ids: m(input_ids=ids))
     with pytest.raises(ValueError, match="quantizes weights only"):
         fakequant.quantize_model(_llama(128), preset="W4A16", quantize_attention=True)
     assert fakequant.quantize_model(_llama(128), preset="W4A16",

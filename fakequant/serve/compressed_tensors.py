@@ -190,8 +190,10 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
 
 
-def _weight_plan(where: str, q: TensorQuantizer, weight: torch.Tensor) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor], torch.Tensor]:
-    """(weight QuantizationArgs fields, tensors, the format's dequantized weight in float32)."""
+def _weight_plan(where: str, q: TensorQuantizer, weight: torch.Tensor
+                 ) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """(weight QuantizationArgs fields, tensors, the format's dequantized weight in float32,
+    the quantizer's output in the weight's dtype)."""
     _check_common(where, q)
     if weight.dim() != 2:
         raise _refuse(where, f"a weight of {weight.dim()} dimensions")
@@ -235,7 +237,7 @@ def _weight_plan(where: str, q: TensorQuantizer, weight: torch.Tensor) -> Tuple[
                     dynamic=False)
         tensors["weight"], tensors["weight_scale"] = stored, scale
         dequant = stored.float() * _expand(scale, w)
-        return args, tensors, dequant
+        return args, tensors, dequant, target
 
     if fmt not in (_E2M1, _E4M3) or q.scale_bits not in ((4, 3), (8, 0)):
         raise _refuse(where, f"num_bits={fmt} with scale_bits={q.scale_bits}: the format has E4M3 and E2M1 "
@@ -289,7 +291,7 @@ def _weight_plan(where: str, q: TensorQuantizer, weight: torch.Tensor) -> Tuple[
         tensors["weight"] = codes.to(torch.float8_e4m3fn)
         dequant = tensors["weight"].float() * _expand(effective, w)
     args.update(num_bits=4 if fmt == _E2M1 else 8, type="float", symmetric=True, dynamic=False)
-    return args, tensors, dequant
+    return args, tensors, dequant, target
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -375,6 +377,9 @@ def plan(model: torch.nn.Module) -> Tuple[Dict[str, LayerPlan], List[str]]:
     if outside:
         raise _refuse(outside[0], "a quantizer outside the Linear layers (the format quantizes the inputs and "
                                   "weights of Linear layers; disable it or leave the module in float)")
+    owners: Dict[int, List[str]] = {}
+    for pname, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(pname)
     plans: Dict[str, LayerPlan] = {}
     for name, module in quantized.items():
         wq, iq = module.weight_quantizer, module.input_quantizer
@@ -383,9 +388,11 @@ def plan(model: torch.nn.Module) -> Tuple[Dict[str, LayerPlan], List[str]]:
                 raise _refuse(f"{name}.input_quantizer", "quantized inputs with float weights")
             ignore.append(name)
             continue
-        w_args, tensors, dequant = _weight_plan(f"{name}.weight_quantizer", wq, module.weight)
-        with torch.no_grad():
-            fake = wq(module.weight.detach().cpu())
+        shared = [p for p in owners.get(id(module.weight), []) if p != f"{name}.weight"]
+        if shared:
+            raise _refuse(f"{name}.weight_quantizer", f"its weight is shared with {shared[0]} (tied embeddings?): "
+                                                      "a checkpoint holds one tensor for both; leave the layer in float")
+        w_args, tensors, dequant, fake = _weight_plan(f"{name}.weight_quantizer", wq, module.weight)
         if not _bits_equal(dequant.to(fake.dtype), fake):
             raise _refuse(f"{name}.weight_quantizer", "its codes times its scales do not reproduce its output "
                                                       "bit for bit (a rule this exporter does not know)")
