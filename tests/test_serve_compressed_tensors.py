@@ -146,6 +146,23 @@ def test_mixed_schemes_and_excluded_layers(tmp_path):
     assert bits_equal(dense.model.layers[1].mlp.up_proj.weight, model.model.layers[1].mlp.up_proj.weight)
 
 
+def test_learned_weight_range(tmp_path):
+    # a weight quantizer with learn_amax (its clip bounds trained): per-tensor scale max(-min, max) / 127
+    torch.manual_seed(0)
+    model = fakequant.quantize_model(_llama().eval(), preset="INT8")
+    fakequant.calibrate(model, [torch.randint(0, VOCAB, (2, 8))], progress=False,
+                        forward_fn=lambda m, ids: m(input_ids=ids))
+    layer = model.model.layers[0].mlp.down_proj
+    layer._weight_quantizer = quant_nn.TensorQuantizer(QuantDescriptor(num_bits=8, learn_amax=True, amax=0.05))
+    with torch.no_grad():
+        layer.weight_quantizer.clip.clip_value_max.fill_(0.04)  # as if trained: asymmetric bounds
+    config = fakequant.export_checkpoint(model, tmp_path)
+    assert len(config["config_groups"]) == 2  # per tensor for down_proj of layer 0, per channel elsewhere
+    dense = _load(tmp_path, quantization_config=CompressedTensorsConfig(dequantize=True))
+    with torch.no_grad():
+        assert bits_equal(dense.model.layers[0].mlp.down_proj.weight, layer.weight_quantizer(layer.weight))
+
+
 def _assert_refused(model, directory, match):
     with pytest.raises(ValueError, match=match):
         fakequant.export_checkpoint(model, directory)

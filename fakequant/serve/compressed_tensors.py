@@ -66,9 +66,6 @@ class LayerPlan(NamedTuple):
 
 
 def _check_common(where: str, q: TensorQuantizer) -> None:
-    if q.learn_amax:
-        raise _refuse(where, "a learned range (learn_amax=True) is not exported yet; load its amax "
-                             "(quantizer.amax = ...) into a quantizer without learn_amax first")
     if q.unsigned:
         raise _refuse(where, "an unsigned range: the format's integers and floats are signed")
     if q.pre_quant_scale is not None:
@@ -78,7 +75,11 @@ def _check_common(where: str, q: TensorQuantizer) -> None:
 
 
 def _static_amax(q: TensorQuantizer) -> Optional[torch.Tensor]:
-    """The quantizer's amax when it is fixed (calibrated or set), else None (computed per input)."""
+    """The quantizer's amax when it is fixed (calibrated, set, or learned: the larger
+    magnitude of its clip bounds), else None (computed per input)."""
+    if q.learn_amax:
+        low, high = (b.detach().float().cpu().reshape(()) for b in q.clip.bounds())
+        return torch.maximum(-low, high)
     amax = q.amax
     return None if amax is None or q.dynamic else amax.detach().float().cpu()
 
@@ -301,6 +302,9 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
     if not q.is_enabled:
         return None, {}
     _check_common(where, q)
+    if q.learn_amax:
+        raise _refuse(where, "a learned range: fakequant clips the inputs to its bounds before quantizing, the "
+                             "format clamps them to the full signed range")
     if q.narrow_range and isinstance(q.num_bits, int):
         raise _refuse(where, f"a narrow range [-{_core.amax_bound(q.num_bits)}, {_core.amax_bound(q.num_bits)}]: "
                              "the format rounds activations to the full signed range")
