@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="transformers is missing: pip install 'fakequant[serve]'")
 pytest.importorskip("compressed_tensors", reason="compressed-tensors is missing: pip install 'fakequant[serve]'")
 
 import fakequant  # noqa: E402
