@@ -28,10 +28,10 @@ RUNS = [("W8A8", torch.float32), ("W8A8", torch.bfloat16), ("INT8", torch.float3
         ("NVFP4", torch.bfloat16), ("MXFP8", torch.bfloat16), ("MXFP4", torch.bfloat16)]
 
 
-def make(args, dtype):
+def make(args, dtype, hidden):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers,
+        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=args.layers,
         num_attention_heads=4, num_key_value_heads=2, vocab_size=args.vocab, bos_token_id=0, eos_token_id=0,
         pad_token_id=0)
     return transformers.LlamaForCausalLM(config).to(dtype).eval()
@@ -58,20 +58,28 @@ def main():
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--out", default=None, help="where to write the checkpoints (default: a temporary folder)")
     args = parser.parse_args()
-    if args.hidden % 128:
-        parser.error("--hidden must be a multiple of 128 (W4A16's groups)")
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
     transformers.utils.logging.disable_progress_bar()
     out = args.out or tempfile.mkdtemp(prefix="fakequant-serve-")
-    base = os.path.join(out, "bf16")
-    make(args, torch.bfloat16).save_pretrained(base)
-    print(f"bf16 checkpoint: {size(base)} bytes (hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab})")
+    base_sizes = {}
+
+    def base_size(hidden):  # the bfloat16 checkpoint of the same model
+        if hidden not in base_sizes:
+            base = os.path.join(out, f"bf16-{hidden}")
+            make(args, torch.bfloat16, hidden).save_pretrained(base)
+            base_sizes[hidden] = size(base)
+            print(f"bf16 checkpoint: {size(base)} bytes (hidden {hidden}, {args.layers} layers, vocabulary {args.vocab})")
+        return base_sizes[hidden]
+
+    base_size(args.hidden)
     print("| preset | model dtype | format | safetensors bytes (x bf16) | weights, dequantized load | "
           "weights, compressed load | logits, compressed load (of the largest) |")
     print("|---|---|---|---|---|---|---|")
     for preset, dtype in RUNS:
-        model = fakequant.quantize_model(make(args, dtype), preset=preset)
+        # W4A16's groups of 128 input features: its model is at least 128 wide
+        hidden = -(-args.hidden // 128) * 128 if preset == "W4A16" else args.hidden
+        model = fakequant.quantize_model(make(args, dtype, hidden), preset=preset)
         data = [torch.randint(0, args.vocab, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(2)]
         fakequant.calibrate(model, data, progress=False, forward_fn=lambda m, ids: m(input_ids=ids))
         directory = os.path.join(out, f"{preset}-{str(dtype).split('.')[1]}")
@@ -84,8 +92,8 @@ def main():
             theirs = compressed(input_ids=ids).logits  # (decompresses the weights first)
         diff = (theirs.float() - ours.float()).abs().max().item()
         exact = " (bit for bit)" if torch.equal(theirs, ours) else ""
-        print(f"| {preset} | {str(dtype).split('.')[1]} | {config['format']} | {size(directory)} "
-              f"({size(directory) / size(base):.2f}x) | {largest_diff(model, dense):.3g} | "
+        print(f"| {preset}{'' if hidden == args.hidden else f' (hidden {hidden})'} | {str(dtype).split('.')[1]} | "
+              f"{config['format']} | {size(directory)} ({size(directory) / base_size(hidden):.2f}x) | {largest_diff(model, dense):.3g} | "
               f"{largest_diff(model, compressed):.3g} | {diff:.3g} ({diff / ours.float().abs().max().item():.2%}){exact} |",
               flush=True)
 
