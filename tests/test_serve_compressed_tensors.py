@@ -7,9 +7,7 @@ within the bound stated per preset otherwise (docs/serving.md)."""
 import importlib
 import json
 import os
-import re
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -255,13 +253,3 @@ def test_bfloat16_weights_reload_bit_for_bit(tmp_path, preset):
             with torch.no_grad():
                 fake = module.weight_quantizer(module.weight)
             assert fake.dtype == torch.bfloat16 and bits_equal(dense.get_submodule(name).weight, fake), name
-
-
-def test_the_serving_page_example_runs(tmp_path, monkeypatch):
-    text = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
-    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
-    monkeypatch.chdir(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        exec(compile(code, "docs/serving.md", "exec"), {})
-    assert (tmp_path / "llama-fp8" / "config.json").exists()
