@@ -22,7 +22,7 @@ $(DEPS):
 	touch $@
 
 $(VENV)/.built: $(DEPS) $(SOURCES)
-	MAX_JOBS=$(MAX_JOBS) $(PIP) install -q --no-build-isolation -e ".[test,demo,docs,typecheck,dist]"
+	MAX_JOBS=$(MAX_JOBS) $(PIP) install -q --no-build-isolation -e ".[test,demo,docs,typecheck,dist,serve]"
 	touch $@
 
 build: $(VENV)/.built

@@ -32,4 +32,5 @@ from . import calib, nn, optim, presets, quant_modules, tensor_quant, utils
 from .quant_modules import deactivate, enable_onnx_export, initialize, quantize_model
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from .utils.calibrate import calibrate
+from .serve import export_checkpoint
 from . import onnx  # TorchScript export symbolics (dynamo: fakequant.onnx.export / custom_translation_table)

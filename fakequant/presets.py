@@ -12,6 +12,7 @@ preset                    weights                                           inpu
 ``W8A8``                  int8, per output channel (``axis=0``)             int8, per token (dynamic, ``{-1: None}``)
 ``W8A8_ASYM``             int8, per output channel                          int8, per token, asymmetric (max_min bias)
 ``W4A8``                  int4, dynamic blocks of 32 along the last axis    int8, per token
+``W4A16``                 int4, dynamic blocks of 128 along the last axis   not quantized (input quantizers disabled)
 ``INT8``                  int8, per output channel                          int8, per tensor (calibrated)
 ``FP8``                   FP8 E4M3, per tensor (calibrated)                 FP8 E4M3, per tensor (calibrated)
 ``FP8_PER_CHANNEL``       FP8 E4M3, per output channel                      FP8 E4M3, per token
@@ -20,13 +21,17 @@ preset                    weights                                           inpu
 ``MXFP4``                 E2M1, blocks of 32, E8M0 block scales             the same
 ========================  ================================================  ==============================================
 
+``W4A16`` is compressed-tensors' (and llm-compressor's) W4A16 scheme: int4 weights in groups
+of 128 input features, activations left in float.
+
 A preset is a :class:`Preset` (two :class:`~fakequant.tensor_quant.QuantDescriptor`
-keyword dicts); :func:`get` returns it by name (case-insensitive). Layers to keep in
+keyword dicts, ``input`` None for weight-only recipes); :func:`get` returns it by name
+(case-insensitive). Layers to keep in
 float (``lm_head``, by default) are :func:`fakequant.quantize_model`'s business.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Tuple, Union
+from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 
@@ -34,15 +39,17 @@ __all__ = ["Preset", "PRESETS", "get"]
 
 
 class Preset(NamedTuple):
-    """A recipe: the ``QuantDescriptor`` keyword arguments of weights and of inputs."""
+    """A recipe: the ``QuantDescriptor`` keyword arguments of weights and of inputs (None:
+    the inputs stay in float, a weight-only recipe)."""
 
     weight: Dict[str, Any]
-    input: Dict[str, Any]
+    input: Optional[Dict[str, Any]]
     description: str
 
-    def descriptors(self) -> Tuple[ScaledQuantDescriptor, ScaledQuantDescriptor]:
-        """``(quant_desc_input, quant_desc_weight)``, as :func:`fakequant.quantize_model` takes them."""
-        return QuantDescriptor(**self.input), QuantDescriptor(**self.weight)
+    def descriptors(self) -> Tuple[Optional[ScaledQuantDescriptor], ScaledQuantDescriptor]:
+        """``(quant_desc_input, quant_desc_weight)``, as :func:`fakequant.quantize_model` takes them;
+        ``quant_desc_input`` is None for a weight-only recipe."""
+        return (None if self.input is None else QuantDescriptor(**self.input)), QuantDescriptor(**self.weight)
 
 
 _PER_TOKEN: Dict[str, Any] = {"type": "dynamic", "block_sizes": {-1: None}}
@@ -62,6 +69,8 @@ PRESETS: Dict[str, Preset] = {
                         "int8 per-channel weights, int8 per-token asymmetric activations"),
     "W4A8": Preset({"num_bits": 4, "block_sizes": {-1: 32, "type": "dynamic"}}, {"num_bits": 8, **_PER_TOKEN},
                    "int4 weights in blocks of 32, int8 per-token activations"),
+    "W4A16": Preset({"num_bits": 4, "block_sizes": {-1: 128, "type": "dynamic"}}, None,
+                    "int4 weights in blocks of 128, float activations (weight-only)"),
     "INT8": Preset({"num_bits": 8, "axis": 0}, {"num_bits": 8},
                    "int8 per-channel weights, int8 per-tensor calibrated activations"),
     "FP8": Preset({"num_bits": (4, 3)}, {"num_bits": (4, 3)},

@@ -285,9 +285,10 @@ def quantize_model(
             ``"layer4.*"``) to leave in float, with everything below them. Default
             (None): :data:`DEFAULT_EXCLUDE` (``*lm_head*`` and the other output heads and
             routers); ``[]`` converts everything.
-        preset: a recipe's name (``"W8A8"``, ``"W4A8"``, ``"FP8"``, ``"NVFP4"``, ``"MXFP4"``, ...:
-            :mod:`fakequant.presets`) or a :class:`~fakequant.presets.Preset`, giving both
-            descriptors; cannot be combined with ``quant_desc_input``/``quant_desc_weight``.
+        preset: a recipe's name (``"W8A8"``, ``"W4A8"``, ``"W4A16"``, ``"FP8"``, ``"NVFP4"``, ``"MXFP4"``,
+            ...: :mod:`fakequant.presets`) or a :class:`~fakequant.presets.Preset`, giving both
+            descriptors (a weight-only preset, ``W4A16``, disables the input quantizers); cannot
+            be combined with ``quant_desc_input``/``quant_desc_weight``.
         quantize_attention: for a transformers model, also quantize the inputs of its
             attention matmuls (query, key, value: ``q_bmm_quantizer``, ``k_bmm_quantizer``,
             ``v_bmm_quantizer`` on each attention module, :mod:`fakequant.hf`). True uses the
@@ -298,10 +299,15 @@ def quantize_model(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    weight_only = False
     if preset is not None:
         if quant_desc_input is not None or quant_desc_weight is not None:
             raise ValueError("preset cannot be combined with quant_desc_input or quant_desc_weight")
         quant_desc_input, quant_desc_weight = presets.get(preset).descriptors()
+        weight_only = quant_desc_input is None
+        if weight_only and quantize_attention is True:
+            raise ValueError(f"quantize_attention=True quantizes the attention inputs with the preset's input "
+                             f"descriptor, and preset {preset!r} quantizes weights only: pass a QuantDescriptor")
     for name, desc in (("quant_desc_input", quant_desc_input), ("quant_desc_weight", quant_desc_weight)):
         if desc is not None and not isinstance(desc, QuantDescriptor):
             raise TypeError(f"{name} must be a QuantDescriptor or None, got {type(desc).__name__}")
@@ -334,7 +340,11 @@ def quantize_model(
         quant_cls = mapping.get(type(module))
         if quant_cls is not None:
             converted = _convert(module, quant_cls, quant_desc_input, quant_desc_weight)
-            return module if converted is None else converted
+            if converted is None:
+                return module
+            if weight_only:
+                _disable_input_quantizers(converted)
+            return converted
         for name, child in list(module.named_children()):
             new = convert(child, f"{qualified}.{name}" if qualified else name)
             if new is not child:
@@ -348,6 +358,14 @@ def quantize_model(
             quant_desc_input or quant_nn.QuantLinear.default_quant_desc_input)
         hf.add_attention_quantizers(converted, desc, skip=_at_or_below(excluded))
     return converted
+
+
+def _disable_input_quantizers(module: torch.nn.Module) -> None:
+    """Disables the input quantizers of a module just converted (a weight-only preset)."""
+    for name, child in module.named_modules():
+        if isinstance(child, TensorQuantizer) and any(
+                part.lstrip("_").startswith("input_quantizer") for part in name.split(".")):
+            child.disable()
 
 
 def unconverted(model: torch.nn.Module) -> List[Tuple[str, str]]:

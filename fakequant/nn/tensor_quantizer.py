@@ -283,6 +283,22 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     def dynamic(self) -> bool:
         return self._dynamic
 
+    @property
+    def is_enabled(self) -> bool:
+        """Whether forward quantizes (the module is not disabled and its quant stage is on)."""
+        return not self._disabled and self._if_quant
+
+    @property
+    def scale_bits(self) -> Optional[Tuple[int, int]]:
+        """The format of the block scales (the descriptor's ``block_sizes["scale_bits"]``):
+        ``(4, 3)`` E4M3 under a per-tensor amax (NVFP4), ``(8, 0)`` E8M0 (MX); None otherwise."""
+        return self._scale_bits
+
+    @property
+    def centered(self) -> bool:
+        """Whether dynamic blocks are quantized about their centre (a ``"max_min"`` bias)."""
+        return self._centered
+
     # -- switches --------------------------------------------------------------------
     def disable(self) -> None:
         """Bypass the module: forward returns its input."""

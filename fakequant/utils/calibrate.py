@@ -177,7 +177,8 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
 
     Args:
         strict: raise if a calibrator saw no data; otherwise (default) warn and
-            leave that quantizer's amax as it was (dynamic if it had none).
+            leave that quantizer's amax as it was (dynamic if it had none). Disabled
+            quantizers see no data and are skipped.
         sync: merge the calibrators over the ranks of ``group`` first. Default
             None: when torch.distributed is initialised with more than one rank.
         group: the process group (default: the world).
@@ -200,6 +201,8 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
         else:
             amax = calibrator.compute_amax(method, **kwargs)
         if amax is None:
+            if q._disabled:  # (bypassed, it sees no data: a weight-only preset's input quantizers)
+                continue
             if strict:
                 raise RuntimeError(f"quantizer {name!r} collected no data during calibration")
             warnings.warn(f"quantizer {name!r} collected no data during calibration; its amax is unchanged",
