@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Literal, NamedTuple, Optional, Seq
 
 import torch
 
-from . import experts, hf, presets
+from . import experts, hf, pretrained, presets
 from . import nn as quant_nn
 from .nn._utils import QuantInputMixin, QuantMixin
 from .nn.tensor_quantizer import TensorQuantizer
@@ -350,6 +350,18 @@ def quantize_model(
         desc = quantize_attention if isinstance(quantize_attention, QuantDescriptor) else (
             quant_desc_input or quant_nn.QuantLinear.default_quant_desc_input)
         hf.add_attention_quantizers(converted, desc, skip=_at_or_below(excluded))
+    if pretrained.is_pretrained_model(converted):  # save_pretrained / from_pretrained keep the quantizers
+        recipe: Dict[str, Any] = {
+            "preset": preset if isinstance(preset, str) else None,
+            "quant_desc_input": None if isinstance(preset, str) or quant_desc_input is None else quant_desc_input.dict(),
+            "quant_desc_weight": None if isinstance(preset, str) or quant_desc_weight is None
+            else quant_desc_weight.dict(),
+            "exclude": list(exclude), "float_module_list": sorted(skip),
+            "quantize_attention": quantize_attention.dict() if isinstance(quantize_attention, QuantDescriptor)
+            else quantize_attention,
+            "custom_quant_modules": bool(custom_quant_modules),
+        }
+        pretrained.attach(converted, recipe)
     return converted
 
 
@@ -447,3 +459,6 @@ def _warn_left_in_float(model, excluded, converted, float_classes):
                       "(not their subclasses) and transformers' fused MoE experts; pass exclude=[...] or "
                       "float_module_list=[...] to keep a layer in float on purpose; "
                       "fakequant.quant_modules.unconverted(model) lists every float layer", stacklevel=3)
+
+
+pretrained.set_converter(quantize_model)
