@@ -35,7 +35,7 @@ from .quant_modules import deactivate, enable_onnx_export, initialize, quantize_
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from .utils.calibrate import calibrate
 from . import onnx  # TorchScript export symbolics (dynamo: fakequant.onnx.export / custom_translation_table)
-from . import experts, pretrained
+from . import distill, experts, pretrained
 
 if "transformers" in sys.modules:  # from_pretrained of a fakequant checkpoint (fakequant.pretrained)
     pretrained.register()

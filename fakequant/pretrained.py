@@ -108,7 +108,8 @@ def register() -> None:
 
         def __init__(self, recipe: Optional[Dict[str, Any]] = None, amax_shapes: Optional[Dict[str, List[int]]] = None,
                      **kwargs: Any) -> None:
-            self.quant_method = QUANT_METHOD
+            # (transformers types quant_method as its enum of its own methods)
+            self.quant_method = QUANT_METHOD  # type: ignore[assignment]
             self.recipe = recipe or {}
             self.amax_shapes = amax_shapes or {}
 
@@ -120,14 +121,15 @@ def register() -> None:
         def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> None:
             if _convert is None:
                 raise RuntimeError("fakequant.quant_modules is not imported: import fakequant")
-            recipe = self.quantization_config.recipe
+            config: Any = self.quantization_config
+            recipe = config.recipe
             if recipe.get("custom_quant_modules"):
                 raise ValueError("this checkpoint was quantized with custom_quant_modules, which a config cannot "
                                  "record: load it in float and call fakequant.quantize_model with them, then "
                                  "load_state_dict")
             _convert(model, **recipe_kwargs(recipe))
             device = next((p.device for p in model.parameters()), torch.device("cpu"))
-            for name, shape in self.quantization_config.amax_shapes.items():
+            for name, shape in config.amax_shapes.items():
                 quantizer = model.get_submodule(name)
                 if not isinstance(quantizer, TensorQuantizer):
                     raise ValueError(f"the checkpoint's quantization_config names {name!r}, which is not a quantizer "
@@ -135,10 +137,10 @@ def register() -> None:
                 quantizer.amax = torch.zeros(shape, device=device)
 
         def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> None:
-            attach(model, self.quantization_config.recipe, self)
+            attach(model, getattr(self.quantization_config, "recipe"), self)
 
         def get_state_dict_and_metadata(self, model: Any) -> Any:
-            self.quantization_config.amax_shapes = amax_shapes(model)  # (called before the config is written)
+            setattr(self.quantization_config, "amax_shapes", amax_shapes(model))  # (before the config is written)
             return None, {}
 
         def is_serializable(self) -> bool:

@@ -15,7 +15,7 @@ API = ROOT / "docs" / "api.md"
 MODULES = [
     "fakequant", "fakequant.ops", "fakequant.tensor_quant", "fakequant.nn", "fakequant.calib",
     "fakequant.quant_modules", "fakequant.utils", "fakequant.presets", "fakequant.hf", "fakequant.experts",
-    "fakequant.onnx",
+    "fakequant.pretrained", "fakequant.distill", "fakequant.onnx",
     "fakequant.optim", "fakequant.ao", "fakequant.ao.pt2e", "fakequant.reference",
 ]
 

@@ -26,7 +26,7 @@ LAYERS = [
     ("descriptors, functions and named recipes", {"tensor_quant", "presets"}),
     ("calibration statistics", {"calib"}),
     ("quantizers and quantized modules; torch.ao / torchao drop-in modules", {"nn", "ao"}),
-    ("model level", {"quant_modules", "utils", "optim", "hf", "experts", "pretrained"}),
+    ("model level", {"quant_modules", "utils", "optim", "hf", "experts", "pretrained", "distill"}),
     ("ONNX export", {"onnx"}),
     ("the package and its command line", {"fakequant", "__main__"}),
 ]
