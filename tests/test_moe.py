@@ -91,6 +91,12 @@ def test_every_expert_is_quantized_as_a_linear_of_its_shape(arch, preset):
         inputs = getattr(module, f"{proj}_input_quantizer")
         assert isinstance(inputs, QuantizerList) and len(inputs) == EXPERTS
     assert quant_modules.unconverted(model, usually_quantized=True) == []
+    # backward: every expert weight gets a finite gradient through its quantizers
+    model.train()
+    model(_tokens(1)).logits.float().pow(2).mean().backward()
+    for proj in experts.expert_projections(module):
+        g = getattr(module, proj).grad
+        assert g is not None and bool(g.isfinite().all()) and bool((g != 0).any()), proj
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
