@@ -28,7 +28,7 @@ LAYERS = [
     ("quantizers and quantized modules; torch.ao / torchao drop-in modules", {"nn", "ao"}),
     ("model level", {"quant_modules", "utils", "optim", "hf", "experts", "pretrained", "distill"}),
     ("ONNX export", {"onnx"}),
-    ("the package and its command line", {"fakequant", "__main__"}),
+    ("the package, its self-checks and its command line", {"fakequant", "__main__", "_self_check", "_gpu_check"}),
 ]
 LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}
 
