@@ -115,6 +115,14 @@ cuda-build: $(CUDA_BUILD)/.built
 # its own (tools/emulate.py, under build/emulate) with AddressSanitizer + UBSan
 # and with ThreadSanitizer, each run through tests/test_cuda_emulated.py, which
 # compares every kernel bit for bit with the CPU kernels.
+# `make gpu-check [PY=python3]`: the kernels on this machine's GPU, with the Python given (no
+# virtualenv, no download): the build for that GPU, correctness (rule, CPU vs CUDA bit for bit,
+# tests/test_cuda.py, compute-sanitizer), the CUDA benchmarks, into build/gpu-check/report.md
+# (tools/gpu_check.py, docs/cuda.md). Without a GPU: one line, then make cuda-build where nvcc is.
+.PHONY: gpu-check
+gpu-check:
+	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
 .PHONY: cuda-emulate cuda-emulate-planted
 cuda-emulate: build
 	FAKEQUANT_EMULATOR_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_simt_emulator.py

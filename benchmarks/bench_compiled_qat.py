@@ -7,6 +7,10 @@
 - llama: a small Llama-style decoder from transformers (4 layers, hidden 256,
   batch 4 x 128 tokens, causal LM loss); the W8A8 preset (int8 weights per
   channel, int8 activations per token, dynamic).
+- moe: a small Qwen3-MoE decoder (2 layers, hidden 128, 8 experts of 128, 2 per token,
+  batch 4 x 64 tokens), the W8A8 preset, fused experts included (fakequant.experts).
+  Compiled, fakequant's experts run every expert on every token (no data-dependent
+  shapes), transformers' float ones grouped by expert.
 
 Configurations: float; fakequant eager; fakequant compiled with each compiled path
 (fakequant.set_compiled_path: "opaque", the C++ operators called from the graph, the
@@ -26,7 +30,7 @@ nn.Linear, not convolutions).
 - Saved for backward: the bytes autograd keeps for backward (saved_tensors_hooks;
   under torch.compile, what the compiled graph's partitioner chose to save).
 
-    python benchmarks/bench_compiled_qat.py [--models resnet,llama] [--rounds 7] [--json PATH]
+    python benchmarks/bench_compiled_qat.py [--models resnet,llama,moe] [--rounds 7] [--json PATH]
 
 Inductor's caches are turned off, so that compile times are those of a first run.
 """
@@ -49,7 +53,7 @@ from fakequant import ops as fq_ops  # noqa: E402
 
 torch._dynamo.config.cache_size_limit = 64  # every configuration has its own compiled graphs
 
-MODELS = ("resnet", "llama")
+MODELS = ("resnet", "llama", "moe")
 
 
 # --- plain-PyTorch fake quantization with fakequant's rule --------------------------------
@@ -128,9 +132,28 @@ def llama_model_and_data(batch=4, tokens=128):
     return LlamaForCausalLM(config), (ids,), lambda model, d: model(input_ids=d[0], labels=d[0]).loss
 
 
+def moe_model_and_data(batch=4, tokens=64):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=2048, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                            num_experts=8, num_experts_per_tok=2, max_position_embeddings=tokens)
+    config._attn_implementation = "sdpa"
+    ids = torch.randint(0, config.vocab_size, (batch, tokens))
+    return Qwen3MoeForCausalLM(config), (ids,), lambda model, d: model(input_ids=d[0], labels=d[0]).loss
+
+
+MODEL_BUILDERS = {"resnet": resnet_model_and_data, "llama": llama_model_and_data, "moe": moe_model_and_data}
+
+
+DEVICE = torch.device("cpu")  # --device
+
+
 def build(model_name, quant):
     """(model, data, loss_fn) with the quantization `quant`: None, "fakequant" or "torchao"."""
-    model, data, loss_fn = (resnet_model_and_data if model_name == "resnet" else llama_model_and_data)()
+    model, data, loss_fn = MODEL_BUILDERS[model_name]()
+    model, data = model.to(DEVICE), tuple(t.to(DEVICE) for t in data)
     if quant == "fakequant":
         if model_name == "resnet":
             fakequant.quantize_model(model)
@@ -204,6 +227,15 @@ def peak_step_mb(run):
     import ctypes
     import gc
 
+    if DEVICE.type == "cuda":  # what the step allocates at its peak, beyond what it holds before
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run.step()
+        run.step()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -263,8 +295,12 @@ def measure(model_name, configs, rounds, progress=None):
     samples = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize()
             t0 = time.perf_counter()
             run.step()
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize()
             samples[name].append(time.perf_counter() - t0)
         if progress is not None:
             progress.update(1)
@@ -287,16 +323,18 @@ def measure(model_name, configs, rounds, progress=None):
 
 
 def configs_for(model_name):
+    if model_name == "moe":  # (torchao's QAT converts nn.Linear: the experts would stay float)
+        return ["float eager", "float compiled", "fakequant eager", "fakequant compiled"]
     return [c for c in CONFIGS if not (model_name == "resnet" and c.startswith("torchao"))]
 
 
-def run(models, rounds, progress=True):
+def run(models, rounds, progress=True, only=None):
     result = {"rounds": rounds, "threads": torch.get_num_threads(), "torch": torch.__version__, "models": {}}
-    total = sum(len(configs_for(m)) + rounds for m in models)
+    total = sum(len([c for c in configs_for(m) if only is None or c in only]) + rounds for m in models)
     with progress_bar(total, "compiled QAT step", progress) as bar:
         for m in models:
             torch._dynamo.reset()
-            result["models"][m] = measure(m, configs_for(m), rounds, bar)
+            result["models"][m] = measure(m, [c for c in configs_for(m) if only is None or c in only], rounds, bar)
     return result
 
 
@@ -326,15 +364,26 @@ def main():
     parser = argument_parser(__doc__)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (Inductor's Triton kernels on CUDA)")
+    parser.add_argument("--configs", help="a subset of the configurations, comma-separated: " + ", ".join(CONFIGS))
     add_output_options(parser, progress=True)
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {MODELS}")
-    result = run(models, args.rounds, not args.no_progress)
-    print(f"One SGD step, median of {args.rounds} rounds, configurations interleaved; {result['threads']} threads; "
-          f"torch {result['torch']}; Inductor (CPU) for the compiled rows")
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if args.configs:
+        chosen = [c.strip() for c in args.configs.split(",")]
+        unknown = sorted(set(chosen) - set(CONFIGS))
+        if unknown:
+            parser.error(f"unknown configurations {unknown}; choose from {list(CONFIGS)}")
+    result = run(models, args.rounds, not args.no_progress, only=chosen if args.configs else None)
+    result["device"] = str(DEVICE)
+    where = torch.cuda.get_device_name() if DEVICE.type == "cuda" else f"{result['threads']} threads"
+    print(f"One SGD step, median of {args.rounds} rounds, configurations interleaved; {where}; "
+          f"torch {result['torch']}; Inductor ({DEVICE.type}) for the compiled rows")
     print(format_tables(result))
     write_json(args.json, result)
 

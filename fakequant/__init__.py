@@ -5,6 +5,8 @@ pytorch-quantization-shaped API in :mod:`fakequant.tensor_quant`,
 :mod:`fakequant.nn` (``from fakequant import nn as quant_nn``),
 :mod:`fakequant.calib` and :mod:`fakequant.quant_modules`.
 """
+import sys
+
 from ._version import __version__
 
 from ._extension import BUILT_FOR_CUDA, BUILT_FOR_TORCH, CUDA_ARCH_LIST
@@ -34,3 +36,7 @@ from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from .utils.calibrate import calibrate
 from .serve import export_checkpoint
 from . import onnx  # TorchScript export symbolics (dynamo: fakequant.onnx.export / custom_translation_table)
+from . import distill, experts, pretrained
+
+if "transformers" in sys.modules:  # from_pretrained of a fakequant checkpoint (fakequant.pretrained)
+    pretrained.register()

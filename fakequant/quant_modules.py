@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Literal, NamedTuple, Optional, Seq
 
 import torch
 
-from . import hf, presets
+from . import experts, hf, pretrained, presets
 from . import nn as quant_nn
 from .nn._utils import QuantInputMixin, QuantMixin
 from .nn.tensor_quantizer import TensorQuantizer
@@ -352,11 +352,26 @@ def quantize_model(
         return module
 
     converted = convert(model, "")
-    _warn_common_skipped(converted, excluded, tuple(mapping))
+    experts.add_expert_quantizers(
+        converted, None if weight_only else (quant_desc_input or quant_nn.QuantLinear.default_quant_desc_input),
+        quant_desc_weight or quant_nn.QuantLinear.default_quant_desc_weight, skip=_at_or_below(excluded))
+    _warn_left_in_float(converted, excluded, tuple(mapping), skip)
     if quantize_attention is not False:
         desc = quantize_attention if isinstance(quantize_attention, QuantDescriptor) else (
             quant_desc_input or quant_nn.QuantLinear.default_quant_desc_input)
         hf.add_attention_quantizers(converted, desc, skip=_at_or_below(excluded))
+    if pretrained.is_pretrained_model(converted):  # save_pretrained / from_pretrained keep the quantizers
+        recipe: Dict[str, Any] = {
+            "preset": preset if isinstance(preset, str) else None,
+            "quant_desc_input": None if isinstance(preset, str) or quant_desc_input is None else quant_desc_input.dict(),
+            "quant_desc_weight": None if isinstance(preset, str) or quant_desc_weight is None
+            else quant_desc_weight.dict(),
+            "exclude": list(exclude), "float_module_list": sorted(skip),
+            "quantize_attention": quantize_attention.dict() if isinstance(quantize_attention, QuantDescriptor)
+            else quantize_attention,
+            "custom_quant_modules": bool(custom_quant_modules),
+        }
+        pretrained.attach(converted, recipe)
     return converted
 
 
@@ -368,20 +383,56 @@ def _disable_input_quantizers(module: torch.nn.Module) -> None:
             child.disable()
 
 
-def unconverted(model: torch.nn.Module) -> List[Tuple[str, str]]:
+def _is_quantized(module: torch.nn.Module) -> bool:
+    """A quantized module, a quantizer, or a module whose weights (own parameters of two or
+    more dimensions) each have their ``<name>_weight_quantizer`` (fused MoE experts)."""
+    if isinstance(module, _QUANTIZED):
+        return True
+    weights = [n for n, p in module.named_parameters(recurse=False) if p.dim() >= 2 and not n.endswith("bias")]
+    return bool(weights) and all(isinstance(getattr(module, f"{n}_weight_quantizer", None),
+                                            (TensorQuantizer, quant_nn.QuantizerList)) for n in weights)
+
+
+def _kept_float(module: torch.nn.Module) -> bool:
+    """Embeddings and normalisation layers: float in every recipe."""
+    name = type(module).__name__
+    return isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) or "Embedding" in name or "Norm" in name
+
+
+def _usually_quantized(module: torch.nn.Module, total: int) -> bool:
+    """Whether ``module``'s own parameters are of the kind recipes quantize: one of two or
+    more dimensions, or 1% or more of the model's parameters (``total``); embeddings and
+    norms aside."""
+    own = list(module.parameters(recurse=False))
+    return not _kept_float(module) and any(p.dim() >= 2 or p.numel() * 100 >= total for p in own)
+
+
+def unconverted(model: torch.nn.Module, usually_quantized: Optional[bool] = None) -> List[Tuple[str, str]]:
     """``[(qualified name, class name), ...]`` of the submodules that hold parameters of
     their own and are not quantized (nor inside a quantized module): what stayed in float
-    after :func:`quantize_model` or under :func:`initialize` (norms and embeddings,
-    typically; also layer types fakequant does not convert)."""
+    after :func:`quantize_model` or under :func:`initialize`.
+
+    Args:
+        usually_quantized: None (default): all of them. True: only those whose weights
+            recipes usually quantize (a parameter of two or more dimensions, or 1% or more
+            of the model's parameters), less embeddings, norms and what
+            :data:`DEFAULT_EXCLUDE` names (output heads, MoE routers). False: the others.
+    """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if usually_quantized is not None and not isinstance(usually_quantized, bool):
+        raise TypeError(f"usually_quantized must be None or a bool, got {usually_quantized!r}")
+    total = sum(p.numel() for p in model.parameters())
+    by_default = _at_or_below(lambda name: any(fnmatch.fnmatchcase(name, p) for p in DEFAULT_EXCLUDE))
     found: List[Tuple[str, str]] = []
 
     def walk(module: torch.nn.Module, qualified: str) -> None:
-        if isinstance(module, _QUANTIZED):
+        if _is_quantized(module):
             return
         if next(module.parameters(recurse=False), None) is not None:
-            found.append((qualified, type(module).__name__))
+            usual = _usually_quantized(module, total) and not by_default(qualified)
+            if usually_quantized is None or usual == usually_quantized:
+                found.append((qualified, type(module).__name__))
         for name, child in module.named_children():
             walk(child, f"{qualified}.{name}" if qualified else name)
 
@@ -397,22 +448,35 @@ def _at_or_below(excluded):
     return test
 
 
-def _warn_common_skipped(model, excluded, converted):
-    # converted: the float classes this call converts (exactly those classes); what is left
-    # of them in float is a subclass (or was refused by _convert, which warned already)
+def _warn_left_in_float(model, excluded, converted, float_classes):
+    """Warns, once, naming each layer left in float whose weights recipes usually quantize
+    (:func:`unconverted` with ``usually_quantized=True``) and that neither the defaults nor
+    the user excluded (``exclude``, ``float_module_list``). ``converted``: the float classes
+    this call converts; one of them still in float was refused by ``_convert``, which warned
+    already (a subclass of one is not refused: it is named here)."""
     left_out = _at_or_below(excluded)
+
     def owned(name):  # a float MultiheadAttention's out_proj goes (or stays) with its attention
         parent = name.rpartition(".")[0]
         return "." in name and isinstance(model.get_submodule(parent), torch.nn.MultiheadAttention)
 
-    skipped = [(name, cls) for name, cls in unconverted(model)
-               if not left_out(name) and not owned(name)
-               and isinstance(model.get_submodule(name), converted)
-               and type(model.get_submodule(name)) not in converted]
+    total = sum(p.numel() for p in model.parameters())
+    skipped = []
+    for name, cls in unconverted(model):
+        module = model.get_submodule(name)
+        if (left_out(name) or owned(name) or type(module) in converted
+                or any(c.__name__ in float_classes for c in type(module).__mro__)):
+            continue
+        if isinstance(module, converted) or _usually_quantized(module, total):
+            skipped.append((name, cls))
     if skipped:
         listed = ", ".join(f"{name or '(the model)'} ({cls})" for name, cls in skipped[:8])
         more = f" and {len(skipped) - 8} more" if len(skipped) > 8 else ""
         warnings.warn(f"quantize_model left {len(skipped)} layer(s) with weights in float that are usually "
-                      f"quantized: {listed}{more}. fakequant does not convert these classes (subclasses of "
-                      "the converted ones included); fakequant.quant_modules.unconverted(model) lists every "
-                      "float layer", stacklevel=3)
+                      f"quantized: {listed}{more}. fakequant converts the classes of docs/qat-guide.md "
+                      "(not their subclasses) and transformers' fused MoE experts; pass exclude=[...] or "
+                      "float_module_list=[...] to keep a layer in float on purpose; "
+                      "fakequant.quant_modules.unconverted(model) lists every float layer", stacklevel=3)
+
+
+pretrained.set_converter(quantize_model)

@@ -14,8 +14,8 @@ API = ROOT / "docs" / "api.md"
 
 MODULES = [
     "fakequant", "fakequant.ops", "fakequant.tensor_quant", "fakequant.nn", "fakequant.calib",
-    "fakequant.quant_modules", "fakequant.utils", "fakequant.presets", "fakequant.hf", "fakequant.onnx",
-    "fakequant.serve", "fakequant.serve.compressed_tensors",
+    "fakequant.quant_modules", "fakequant.utils", "fakequant.presets", "fakequant.hf", "fakequant.experts",
+    "fakequant.pretrained", "fakequant.distill", "fakequant.onnx", "fakequant.serve", "fakequant.serve.compressed_tensors",
     "fakequant.optim", "fakequant.ao", "fakequant.ao.pt2e", "fakequant.reference",
 ]
 

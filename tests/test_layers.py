@@ -26,9 +26,9 @@ LAYERS = [
     ("descriptors, functions and named recipes", {"tensor_quant", "presets"}),
     ("calibration statistics", {"calib"}),
     ("quantizers and quantized modules; torch.ao / torchao drop-in modules", {"nn", "ao"}),
-    ("model level", {"quant_modules", "utils", "optim", "hf"}),
+    ("model level", {"quant_modules", "utils", "optim", "hf", "experts", "pretrained", "distill"}),
     ("export: ONNX graphs, serving checkpoints", {"onnx", "serve"}),
-    ("the package and its command line", {"fakequant", "__main__"}),
+    ("the package, its self-checks and its command line", {"fakequant", "__main__", "_self_check", "_gpu_check"}),
 ]
 LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}
 

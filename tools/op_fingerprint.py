@@ -6,6 +6,11 @@ on the commit before and one after, and a comparison:
     python tools/op_fingerprint.py --out before.json        # on the old commit
     python tools/op_fingerprint.py --out after.json --compare before.json
 
+and the CUDA kernels against the CPU kernels (make gpu-check):
+
+    python tools/op_fingerprint.py --out cpu.json
+    python tools/op_fingerprint.py --device cuda --out cuda.json --compare cpu.json
+
 Each configuration (operator, dtype, layout, parameters; every preset's quantized Linear,
 forward and backward) runs on fixed inputs holding ties, zeros of both signs, values
 beyond the range, NaN and +-inf where the operator takes them; the fingerprint is the
@@ -28,13 +33,13 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 def _inputs(shape, dtype, special=True, seed=0):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g, dtype=torch.float64) * 3
+    x = torch.randn(shape, generator=g, dtype=torch.float64, device="cpu") * 3
     flat = x.view(-1)
     flat[::7] = torch.round(flat[::7] * 2) / 2  # halves: ties of scale-1 grids
     flat[1], flat[2] = 0.0, -0.0
     if special:
         flat[3], flat[4], flat[5] = float("nan"), float("inf"), -float("inf")
-    return x.to(dtype)
+    return x.to(torch.get_default_device(), dtype)
 
 
 def _layouts(x):
@@ -190,7 +195,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="where to write the fingerprints (JSON)")
     parser.add_argument("--compare", help="fingerprints of another commit: exit 1 on any difference")
+    parser.add_argument("--device", default="cpu", help="where the operators run (cpu, cuda); the fingerprints "
+                        "are of the values, so that two devices compare")
     args = parser.parse_args()
+    torch.set_default_device(args.device)
     prints = {}
     for name, thunk in cases():
         try:
@@ -199,7 +207,7 @@ def main():
             prints[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     with open(args.out, "w") as f:
         json.dump(prints, f, indent=0, sort_keys=True)
-    print(f"{len(prints)} configurations of {fakequant.__file__} -> {args.out}")
+    print(f"{len(prints)} configurations of {fakequant.__file__} on {args.device} -> {args.out}")
     if args.compare:
         with open(args.compare) as f:
             other = json.load(f)

@@ -4,6 +4,7 @@
 they drop into code written against ``torch.nn``.
 """
 from .tensor_quantizer import TensorQuantizer
+from .quantizer_list import QuantizerList
 from .clip import Clip
 from . import functional
 from ._utils import QuantInputMixin, QuantMixin, pop_quant_desc_in_kwargs
@@ -27,7 +28,7 @@ from .quant_instancenorm import (
 from . import modules  # noqa: F401,E402  (pytorch-quantization's import paths)
 
 __all__ = [
-    "TensorQuantizer", "Clip", "QuantMixin", "QuantInputMixin", "pop_quant_desc_in_kwargs",
+    "TensorQuantizer", "QuantizerList", "Clip", "QuantMixin", "QuantInputMixin", "pop_quant_desc_in_kwargs",
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
     "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose1d", "QuantConvTranspose2d",
     "QuantConvTranspose3d", "Linear", "QuantLinear", "QuantConv1D", "MultiheadAttention", "QuantMultiheadAttention",

@@ -9,6 +9,7 @@ import torch
 
 from ..calib import MaxCalibrator, _distributed
 from ..calib.histogram import METHODS as HISTOGRAM_METHODS
+from ..nn.quantizer_list import QuantizerList
 from ..nn.tensor_quantizer import TensorQuantizer
 
 if TYPE_CHECKING:
@@ -192,6 +193,7 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
     _sync_calibrators(quantizers, sync, group)
     _reshard(model)
     loaded = 0
+    uncalibrated = []
     for name, q in quantizers:
         calibrator = q._calibrator
         if calibrator is None:
@@ -203,17 +205,42 @@ def compute_amax(model: torch.nn.Module, method: str = "max", strict: bool = Fal
         if amax is None:
             if q._disabled:  # (bypassed, it sees no data: a weight-only preset's input quantizers)
                 continue
-            if strict:
-                raise RuntimeError(f"quantizer {name!r} collected no data during calibration")
-            warnings.warn(f"quantizer {name!r} collected no data during calibration; its amax is unchanged",
-                          stacklevel=2)
+            uncalibrated.append((name, q))
             continue
         if not q._load_calibrated_amax(amax, f"quantizer {name!r}"):
             continue
         if q.learn_amax:  # start the learned range at the calibrated one
             q.init_learn_amax()
         loaded += 1
-    return loaded
+    return loaded + _fill_uncalibrated(model, uncalibrated, strict)
+
+
+def _fill_uncalibrated(model: torch.nn.Module, uncalibrated: List[Tuple[str, TensorQuantizer]], strict: bool) -> int:
+    """The quantizers that collected no data: members of a QuantizerList (the experts that
+    no calibration token was routed to) take the list's rule; any other is an error with
+    ``strict``, else a warning, its amax unchanged. Returns how many were filled."""
+    if not uncalibrated:
+        return 0
+    filled = 0
+    left = {id(q): name for name, q in uncalibrated}
+    for list_name, group in model.named_modules():
+        if isinstance(group, QuantizerList):
+            indices = group.fill_uncalibrated(q for _, q in uncalibrated)
+            members = group.quantizers()
+            for i in indices:
+                left.pop(id(members[i]), None)
+                if members[i].learn_amax:
+                    members[i].init_learn_amax()
+            if indices:
+                filled += len(indices)
+                warnings.warn(f"{len(indices)} of the {len(group)} quantizers of {list_name!r} (experts "
+                              f"{indices[:8]}{'...' if len(indices) > 8 else ''}) collected no data during "
+                              "calibration; they take the largest amax of the others", stacklevel=3)
+    for name in left.values():
+        if strict:
+            raise RuntimeError(f"quantizer {name!r} collected no data during calibration")
+        warnings.warn(f"quantizer {name!r} collected no data during calibration; its amax is unchanged", stacklevel=3)
+    return filled
 
 
 def calibrate(model: torch.nn.Module, data: Iterable, num_batches: Optional[int] = None, method: str = "max", *,

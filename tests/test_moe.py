@@ -1,0 +1,223 @@
+"""transformers' fused MoE experts (Qwen3-MoE, Mixtral, gpt-oss: 3-D expert parameters)
+under quantize_model: every expert quantized as a Linear of its shape would be, per-expert
+input quantizers, the rule for experts calibration never reached, the warning for weights
+left in float, and torch.compile(fullgraph=True) of the quantized MoE block."""
+import warnings
+
+import pytest
+import torch
+
+import fakequant
+from fakequant import experts, presets, quant_modules
+from fakequant.nn import QuantizerList, TensorQuantizer
+from fakequant.tensor_quant import QuantDescriptor
+
+from conftest import bits_equal
+
+transformers = pytest.importorskip("transformers")
+
+EXPERTS = 4
+
+
+def _qwen3_moe():
+    return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=EXPERTS, num_experts_per_tok=2,
+        max_position_embeddings=64))
+
+
+def _mixtral():
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=EXPERTS, num_experts_per_tok=2, max_position_embeddings=64))
+
+
+def _gpt_oss():
+    return transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=EXPERTS, num_experts_per_tok=2,
+        max_position_embeddings=64, layer_types=["full_attention"]))
+
+
+MODELS = {"qwen3_moe": _qwen3_moe, "mixtral": _mixtral, "gpt_oss": _gpt_oss}
+
+
+def _tokens(seed=0):
+    return torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(seed))
+
+
+def _quantized(arch, preset):
+    torch.manual_seed(0)
+    model = MODELS[arch]().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing left in float: no warning
+        fakequant.quantize_model(model, preset=preset)
+    fakequant.calibrate(model, [_tokens()], progress=False)
+    return model
+
+
+def _experts_of(model):
+    return [m for m in model.modules() if experts.is_fused_experts(m)]
+
+
+def _as_linear(desc, w):
+    """``w`` (out, in) fake-quantized by a fresh quantizer of ``desc``, calibrated on it
+    (what an nn.Linear of that weight gets)."""
+    q = TensorQuantizer(QuantDescriptor(**desc))
+    if not q._dynamic:
+        q.enable_calib()
+        q.disable_quant()
+        q(w)
+        q.load_calib_amax()
+        q.disable_calib()
+        q.enable_quant()
+    return q(w)
+
+
+@pytest.mark.parametrize("preset", sorted(presets.PRESETS))
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_every_expert_is_quantized_as_a_linear_of_its_shape(arch, preset):
+    model = _quantized(arch, preset)
+    (module,) = _experts_of(model)
+    assert model.config._experts_implementation == experts.EXPERTS_IMPLEMENTATION
+    for proj in experts.expert_projections(module):
+        w = getattr(module, proj).detach()
+        if module.is_transposed:
+            w = w.transpose(1, 2)
+        with torch.no_grad():
+            quantized = experts.quantized_weight(module, proj)
+        for e in range(EXPERTS):
+            assert bits_equal(quantized[e], _as_linear(presets.get(preset).weight, w[e])), (proj, e)
+        inputs = getattr(module, f"{proj}_input_quantizer", None)
+        if presets.get(preset).input is None:  # a weight-only recipe
+            assert inputs is None
+        else:
+            assert isinstance(inputs, QuantizerList) and len(inputs) == EXPERTS
+    assert quant_modules.unconverted(model, usually_quantized=True) == []
+    # backward: every expert weight gets a finite gradient through its quantizers
+    model.train()
+    model(_tokens(1)).logits.float().pow(2).mean().backward()
+    for proj in experts.expert_projections(module):
+        g = getattr(module, proj).grad
+        assert g is not None and bool(g.isfinite().all()) and bool((g != 0).any()), proj
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_the_expert_quantizers_are_in_the_path_forward_and_backward(arch):
+    model = _quantized(arch, "INT8")
+    (module,) = _experts_of(model)
+    ids = _tokens(1)
+    model.train()
+    logits = model(ids).logits
+    logits.float().pow(2).mean().backward()
+    for proj in experts.expert_projections(module):
+        g = getattr(module, proj).grad
+        assert g is not None and bool(g.isfinite().all()) and bool((g != 0).any())
+    model.eval()
+    with torch.no_grad():
+        base = model(ids).logits
+        for proj in experts.expert_projections(module):
+            for role in ("weight", "input"):
+                holder = getattr(module, f"{proj}_{role}_quantizer")
+                for q in holder.modules():
+                    if isinstance(q, TensorQuantizer):
+                        q.disable()
+                assert not torch.equal(model(ids).logits, base), (proj, role)
+                for q in holder.modules():
+                    if isinstance(q, TensorQuantizer):
+                        q.enable()
+        assert torch.equal(model(ids).logits, base)
+
+
+def test_an_expert_no_calibration_token_reached_takes_the_largest_amax_of_the_others():
+    torch.manual_seed(0)
+    model = _qwen3_moe().eval()
+    fakequant.quantize_model(model, preset="INT8")
+    (module,) = _experts_of(model)
+    hidden = torch.randn(32, 64)
+    # tokens routed to experts 0 and 1 only (2 and 3 never see one)
+    index = torch.stack([torch.arange(32) % 2] * 2, 1)  # even tokens to expert 0, odd to 1
+    weights = torch.full((32, 2), 0.5)
+    with pytest.warns(UserWarning, match=r"2 of the 4 quantizers of 'gate_up_proj_input_quantizer' \(experts \[2, 3\]\)"):
+        fakequant.calibrate(module, [(hidden, index, weights)], progress=False, forward_fn=lambda m, b: m(*b),
+                            strict=True)
+    for proj in experts.expert_projections(module):
+        inputs = getattr(module, f"{proj}_input_quantizer")
+        seen = torch.stack([inputs[0].amax, inputs[1].amax])
+        for e in (2, 3):
+            assert bits_equal(inputs[e].amax, seen.amax(0))
+    # expert 0's own range: the largest |x| of the tokens routed to it
+    assert bits_equal(module.gate_up_proj_input_quantizer[0].amax, hidden[::2].abs().amax())
+    # a token routed to expert 3 now runs quantized on that range
+    with torch.no_grad():
+        out = module(hidden[:4], torch.full((4, 2), 3), weights[:4])
+    assert bool(out.isfinite().all())
+
+
+class _Fused(torch.nn.Module):
+    """A layer holding 3-D weights fakequant does not know."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 8, 8))
+
+    def forward(self, x):
+        return torch.einsum("eoi,bi->bo", self.weight, x)
+
+
+def test_weights_left_in_float_are_named_once_and_unconverted_separates_them():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), _Fused())
+    with pytest.warns(UserWarning, match=r"left 1 layer\(s\) with weights in float.*3 \(_Fused\)") as caught:
+        fakequant.quantize_model(model, preset="W8A8")
+    assert sum("left" in str(w.message) for w in caught) == 1
+    assert quant_modules.unconverted(model, usually_quantized=True) == [("3", "_Fused")]
+    assert quant_modules.unconverted(model, usually_quantized=False) == [("0", "Embedding"), ("1", "LayerNorm")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # left in float on purpose: no warning
+        fakequant.quantize_model(torch.nn.Sequential(torch.nn.Linear(8, 8), _Fused()), preset="W8A8", exclude=["1"])
+    with pytest.raises(TypeError, match="usually_quantized"):
+        quant_modules.unconverted(model, usually_quantized="yes")
+    # a MoE model: routers stay float by default, unnamed; experts are quantized
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        moe = fakequant.quantize_model(_gpt_oss(), preset="W8A8")
+    routers = [name for name, _ in quant_modules.unconverted(moe, usually_quantized=False) if "router" in name]
+    assert routers == ["model.layers.0.mlp.router"]
+
+
+def test_the_quantized_moe_block_compiles_with_fullgraph():
+    model = _quantized("qwen3_moe", "INT8")
+    block = model.model.layers[0].mlp
+    x = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        eager = block(x)
+        torch._dynamo.reset()
+        compiled = torch.compile(block, backend="aot_eager", fullgraph=True)(x)
+    # every expert on every token, weighted: the same values, summed in another order
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+def test_a_quantized_moe_model_exports_to_onnx_and_runs_in_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    model = _quantized("qwen3_moe", "INT8")
+
+    class Logits(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):
+            return self.lm(ids, use_cache=False).logits
+
+    ids = _tokens(3)
+    with torch.no_grad():
+        expected = model(ids).logits
+    path = tmp_path / "moe.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch's own exporter warnings)
+        fakequant.onnx.export(Logits(model), (ids,), str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
+    # the exported experts run every token through every expert, weighted (summed in another order)
+    torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-5)
