@@ -221,3 +221,11 @@ def test_a_quantized_moe_model_exports_to_onnx_and_runs_in_onnxruntime(tmp_path)
     (got,) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
     # the exported experts run every token through every expert, weighted (summed in another order)
     torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_serving_export_refuses_quantized_experts_before_writing(tmp_path):
+    pytest.importorskip("compressed_tensors", reason="the serve extra")
+    model = _quantized("qwen3_moe", "INT8")
+    with pytest.raises(ValueError, match=r"experts\.gate_up_proj_weight_quantizer.*outside the Linear layers"):
+        fakequant.export_checkpoint(model, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
