@@ -5,7 +5,7 @@ Each function of ``fakequant.ops`` asks :func:`fakequant._core.lower_symbolicall
 first; while the dynamo exporter traces (``torch.onnx.is_in_onnx_export()``, not the
 TorchScript exporter's ``torch.jit`` trace) and outside :func:`fakequant.onnx.export`
 (which hands the exporter the translations of ``translation_dynamo.py`` instead), that
-calls the lowering of ``_lowering.py`` with the builder below, which writes every ONNX
+calls the lowering of ``_lowering`` with the builder below, which writes every ONNX
 node as ``torch.onnx.ops.symbolic`` (torch's public way to put a named ONNX node into
 the traced graph, since torch 2.8). The exporter turns each into that node; its
 optimizer then folds the scale arithmetic on the amax initializers into float32

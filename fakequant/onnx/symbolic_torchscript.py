@@ -4,7 +4,7 @@ functions of the ``torch.ops.fakequant`` operators, registered with
 
 The exporter traces the model (the operators run for real), then calls these
 functions with the graph values of the operator's arguments; the lowering
-itself is shared with the dynamo exporter (``_lowering.py``). The scale is
+itself is shared with the dynamo exporter (``_lowering``). The scale is
 built from the amax initializer with ONNX ops that the exporter's constant
 folding (always on) turns into one float32 initializer, computed by the same
 IEEE float32 division as the operator.
