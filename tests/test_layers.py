@@ -28,6 +28,7 @@ LAYERS = [
     ("quantizers and quantized modules; torch.ao / torchao drop-in modules", {"nn", "ao"}),
     ("model level", {"quant_modules", "utils", "optim", "hf"}),
     ("ONNX export", {"onnx"}),
+    ("serving checkpoints (GGUF)", {"serve"}),
     ("the package and its command line", {"fakequant", "__main__"}),
 ]
 LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}

@@ -1,0 +1,1 @@
+"""Serving checkpoints: exports for the engines that serve LLMs (serve/gguf.py: llama.cpp)."""
