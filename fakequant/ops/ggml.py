@@ -5,15 +5,31 @@ codes come from multiplying by the reciprocal of a float32 block scale and round
 away from zero (Q8_0) or adding 8.5 and truncating (Q4_0), and the values from the scale
 rounded to float16, as the GGUF file stores it. The rule is written once, in plain PyTorch
 (:func:`fakequant.reference.fake_quantize_ggml`); this function checks the arguments and
-gives it the straight-through gradient of every other operator. There is no C++ kernel:
+gives it the straight-through gradient of every other operator (the mask of the rule, kept
+as a bool tensor). There is no C++ kernel:
 the rule is a handful of elementwise passes, and llama.cpp's (not ONNX's) is the target.
 """
 import torch
 
-from .. import _composite, reference
+from .. import reference
 from .._core import GGML_BLOCK_TYPES, check_int, check_tensor
 
 __all__ = ["fake_quantize_ggml"]
+
+
+class _GGMLBlocks(torch.autograd.Function):
+    """The rule's output; the gradient of x where its mask is set, else 0."""
+
+    @staticmethod
+    def forward(ctx, x, block_size, num_bits):
+        y, mask = reference.fake_quantize_ggml(x, block_size, num_bits)
+        ctx.save_for_backward(mask)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)), None, None
 
 
 def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int = 8, axis: int = -1) -> torch.Tensor:
@@ -44,5 +60,5 @@ def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int 
     axis %= nd
     moved = input.dim() > 1 and axis != input.dim() - 1
     x = input.movedim(axis, -1) if moved else input
-    y = _composite.apply(reference.fake_quantize_ggml, x, block_size, num_bits)
+    y = _GGMLBlocks.apply(x, block_size, num_bits)
     return y.movedim(-1, axis) if moved else y

@@ -53,7 +53,8 @@ def _ggml_type(q: TensorQuantizer, role: str) -> Optional[str]:
     if (q.scale_bits != (5, 10) or q.block_sizes not in axes or not q.dynamic or not q.fake_quant
             or q.pre_quant_scale is not None or q.num_bits not in GGML_BLOCK_TYPES):
         return None
-    kind = GGML_BLOCK_TYPES[int(q.num_bits)]  # type: ignore[arg-type]  (an int: in GGML_BLOCK_TYPES)
+    assert isinstance(q.num_bits, int)  # (a key of GGML_BLOCK_TYPES)
+    kind = GGML_BLOCK_TYPES[q.num_bits]
     if role == "input" and kind != "Q8_0":
         return None  # llama.cpp rounds the inputs of Q8_0/Q4_0 matmuls to Q8_0
     return kind
@@ -96,8 +97,9 @@ def _rope(config: Any) -> Tuple[float, Optional[float]]:
     kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "default":
         return float(theta), None
-    if kind == "linear":
-        return float(theta), float(params.get("factor", scaling.get("factor")))
+    factor = params.get("factor", scaling.get("factor"))
+    if kind == "linear" and factor is not None:
+        return float(theta), float(factor)
     raise ValueError(f"export_gguf: RoPE type {kind!r} is not written by this exporter (it writes 'default' "
                      "and 'linear'); llama.cpp's convert_hf_to_gguf.py converts the others")
 
