@@ -109,6 +109,12 @@ def test_preset_weights_and_inputs_are_llama_cpps(kind):
     assert layer.weight.grad is not None and bool(torch.isfinite(layer.weight.grad).all())
 
 
+def test_onnx_export_is_refused(tmp_path):
+    model = fakequant.quantize_model(torch.nn.Sequential(torch.nn.Linear(32, 8)), preset="GGUF_Q8_0")
+    with pytest.raises(Exception, match="no ONNX form"):
+        torch.onnx.export(model, (torch.randn(2, 32),), str(tmp_path / "m.onnx"), dynamo=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", TYPES)
 def test_compiled_matches_eager(kind):

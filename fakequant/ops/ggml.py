@@ -7,7 +7,8 @@ rounded to float16, as the GGUF file stores it. The rule is written once, in pla
 (:func:`fakequant.reference.fake_quantize_ggml`); this function checks the arguments and
 gives it the straight-through gradient of every other operator (the mask of the rule, kept
 as a bool tensor). There is no C++ kernel:
-the rule is a handful of elementwise passes, and llama.cpp's (not ONNX's) is the target.
+the rule is a handful of elementwise passes, and llama.cpp's (not ONNX's) is the target, so an
+ONNX export of it is refused.
 """
 import torch
 
@@ -54,6 +55,9 @@ def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int 
         raise ValueError(f"fakequant: num_bits must be one of {sorted(GGML_BLOCK_TYPES)} "
                          f"({GGML_BLOCK_TYPES}), got {num_bits}")
     axis = check_int(axis, "axis")
+    if torch.onnx.is_in_onnx_export():  # (either exporter; the rule costs far more than this check)
+        raise RuntimeError("fakequant: llama.cpp's Q8_0/Q4_0 blocks (fake_quantize_ggml, the GGUF presets) have no "
+                           "ONNX form; a GGUF model is exported with fakequant.serve.gguf.export_gguf")
     nd = max(input.dim(), 1)
     if not -nd <= axis < nd:
         raise IndexError(f"fakequant: axis {axis} is out of range for input with {input.dim()} dimensions")
