@@ -132,6 +132,8 @@ def tiny(model_type="llama", **kwargs):
     common.update(kwargs)
     if model_type == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    if model_type == "mistral":
+        return transformers.MistralForCausalLM(transformers.MistralConfig(rms_norm_eps=1e-5, **common))
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(rms_norm_eps=1e-5, **common))
 
 
@@ -231,10 +233,17 @@ def test_f32_export_of_a_float_model_is_every_tensor(tmp_path):
     assert np.array_equal(raw["blk.0.attn_q.weight"][1], q[8])  # head 0: row 1 is the second half's first
 
 
-def test_tied_embeddings_and_qwen2(tmp_path):
+def test_tied_embeddings_mistral_and_qwen2(tmp_path):
     model = fakequant.quantize_model(tiny(tie_word_embeddings=True), preset="GGUF_Q8_0")
     reader, tensors = read_back(export_gguf(model, tmp_path / "tied.gguf"), model)
     assert "output.weight" not in {t.name for t in reader.tensors}  # llama.cpp reuses token_embd
+    mistral = fakequant.quantize_model(tiny("mistral"), preset="GGUF_Q8_0")  # converted as Llama
+    reader, tensors = read_back(export_gguf(mistral, tmp_path / "mistral.gguf"), mistral)
+    check_metadata(reader, mistral)
+    for name, (ggml_type, values) in tensors.items():
+        if ggml_type == "Q8_0":
+            module = mistral.get_submodule(name.rpartition(".")[0])
+            assert bits_equal(values, module.weight_quantizer(module.weight)), name
     qwen = fakequant.quantize_model(tiny("qwen2"), preset="GGUF_Q4_0")
     reader, tensors = read_back(export_gguf(qwen, tmp_path / "qwen.gguf"), qwen, permuted=False)
     assert field(reader, gguf.Keys.General.ARCHITECTURE) == "qwen2"
