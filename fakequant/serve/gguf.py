@@ -217,7 +217,10 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
     names = gguf.get_tensor_name_map(arch, n_layers)
     tensors: List[Tuple[str, np.ndarray, Any]] = []  # (gguf name, data, raw GGML type or None)
     kinds = set()
+    quantizers = tuple(name + "." for name, m in model.named_modules() if isinstance(m, TensorQuantizer))
     for pname, param in model.named_parameters():  # (a tied lm_head is the embedding: not repeated)
+        if pname.startswith(quantizers):
+            continue  # a (disabled) quantizer's own state, e.g. a learned range: not the model's
         gname = names.get_name(pname, try_suffixes=(".weight", ".bias"))
         if gname is None:
             raise ValueError(f"export_gguf: the parameter {pname} has no {arch_member} tensor in gguf's tables")
