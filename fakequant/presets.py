@@ -19,10 +19,17 @@ preset                    weights                                           inpu
 ``NVFP4``                 E2M1, blocks of 16, E4M3 block scales             the same
 ``MXFP8``                 E4M3, blocks of 32, E8M0 block scales             the same
 ``MXFP4``                 E2M1, blocks of 32, E8M0 block scales             the same
+``GGUF_Q8_0``             llama.cpp's Q8_0: blocks of 32, float16 scales    Q8_0 blocks of 32 along each row (dynamic)
+``GGUF_Q4_0``             llama.cpp's Q4_0: blocks of 32, float16 scales    Q8_0 blocks of 32 along each row (dynamic)
 ========================  ================================================  ==============================================
 
 ``W4A16`` is compressed-tensors' (and llm-compressor's) W4A16 scheme: int4 weights in groups
 of 128 input features, activations left in float.
+
+The GGUF presets train on llama.cpp's own grids (:func:`fakequant.ops.fake_quantize_ggml`):
+what the model learns is what ``fakequant.serve.gguf.export_gguf`` writes and llama.cpp runs.
+Their inputs are rounded to Q8_0 as llama.cpp's CPU matmul rounds the activations it multiplies
+with Q8_0 and Q4_0 weights (docs/serving_gguf.md says where its SIMD code rounds differently).
 
 A preset is a :class:`Preset` (two :class:`~fakequant.tensor_quant.QuantDescriptor`
 keyword dicts, ``input`` None for weight-only recipes); :func:`get` returns it by name
@@ -61,6 +68,11 @@ def _mx(num_bits: Tuple[int, int]) -> Dict[str, Any]:
 
 _NVFP4: Dict[str, Any] = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}}
 
+def _ggml(num_bits: int) -> Dict[str, Any]:
+    # scale_bits (5, 10): float16 block scales, computed as llama.cpp computes them
+    return {"num_bits": num_bits, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (5, 10)}}
+
+
 PRESETS: Dict[str, Preset] = {
     "W8A8": Preset({"num_bits": 8, "axis": 0}, {"num_bits": 8, **_PER_TOKEN},
                    "int8 per-channel weights, int8 per-token activations"),
@@ -80,6 +92,8 @@ PRESETS: Dict[str, Preset] = {
     "NVFP4": Preset(_NVFP4, _NVFP4, "E2M1 in blocks of 16 with E4M3 block scales (weights and activations)"),
     "MXFP8": Preset(_mx((4, 3)), _mx((4, 3)), "OCP MXFP8 (E4M3, blocks of 32, E8M0 scales)"),
     "MXFP4": Preset(_mx((2, 1)), _mx((2, 1)), "OCP MXFP4 (E2M1, blocks of 32, E8M0 scales)"),
+    "GGUF_Q8_0": Preset(_ggml(8), _ggml(8), "llama.cpp Q8_0 weights, inputs rounded to Q8_0 as llama.cpp's CPU matmul"),
+    "GGUF_Q4_0": Preset(_ggml(4), _ggml(8), "llama.cpp Q4_0 weights, inputs rounded to Q8_0 as llama.cpp's CPU matmul"),
 }
 
 

@@ -28,7 +28,8 @@ __all__ = ["AMAX_EPSILON", "E2M1_VALUES", "amax_range", "blockwise_element_max",
            "blockwise_saturation_limit", "compute_dtype", "e8m0_scale_of", "fake_quantize_affine",
            "fake_quantize_affine_float_zero_point", "fake_quantize_amax", "fake_quantize_blockwise",
            "fake_quantize_fp8", "fake_quantize_min_max", "format_max", "format_values", "mx_emax", "quantize_amax",
-           "round_e2m1", "round_to_float_format", "round_to_format", "round_to_grid"]
+           "round_e2m1", "round_to_float_format", "round_to_format", "round_to_grid", "round_to_float16",
+           "fake_quantize_ggml"]
 
 
 def compute_dtype(x):
@@ -351,3 +352,73 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
     return unblock(y).to(x.dtype), unblock(mask)
 
 
+# --- llama.cpp's Q8_0 and Q4_0 blocks (GGML): the GGUF presets' rule, not the contract ---
+
+
+def _round_half_away(v):
+    """float32 v rounded to the nearest integer, halves away from zero (C's roundf), exactly:
+    the fraction ``|v| - floor(|v|)`` is exact in float32."""
+    a = v.abs()
+    f = a.floor()
+    return torch.copysign(f + (a - f >= 0.5).to(v.dtype), v)
+
+
+def round_to_float16(v):
+    """float32 v rounded to float16's values (round to nearest even, subnormals, +-inf beyond
+    65504 + 16), kept in float32. Arithmetic, not a cast: Inductor drops a float16 round trip
+    that it can compute in float32 (torch._inductor.config.emulate_precision_casts)."""
+    _, e = torch.frexp(v)  # |v| = m * 2^e, m in [0.5, 1): float16 keeps 11 bits, steps >= 2^-24
+    k = (e.float() - 11.0).clamp(min=-24.0)
+    step = torch.ldexp(torch.ones_like(v, dtype=torch.float64), k.double()).float()
+    r = torch.round(v / step) * step  # exact scalings by powers of two; ties to even
+    return torch.where(r.abs() > 65504.0, torch.copysign(torch.full_like(r, float("inf")), r), r)
+
+
+def fake_quantize_ggml(x, block_size=32, num_bits=8):
+    """(y, mask) of llama.cpp's Q8_0 (``num_bits=8``) and Q4_0 (``num_bits=4``) blocks along the
+    last dimension: what gguf's ``quants.quantize`` then ``quants.dequantize`` give (ggml's
+    reference quantization, ggml-quants.c), in float32 whatever x's dtype::
+
+        Q8_0:  d = amax / 127                       amax = max |x| over the block
+               q = roundf(x * (1 / d))              in [-127, 127]; q = 0 where d = 0
+               y = q * fp32(fp16(d))                (+0.0 for q = 0)
+        Q4_0:  d = m / -8                           m = the block's first element of largest |x|, signed
+               c = min(trunc(x * (1 / d) + 8.5), 15)      (the sum rounded to float32 first)
+               y = fp32(fp16(d)) * (c - 8)          codes -8..7; the sign of a zero is d's
+
+    The codes come from the float32 d, the output from d rounded to float16 (round to nearest
+    even; it may underflow to 0), as llama.cpp stores it. Both products are exact in float32,
+    then y is rounded once to x's dtype. A short last block (the row not a multiple of
+    block_size) is a block of its own. mask (the gradient's): the element did not saturate
+    (Q4_0 codes above 15, on the side opposite to m), and y is finite. NaN in a block makes
+    the block NaN (as gguf's numpy rule)."""
+    if num_bits not in (4, 8):
+        raise ValueError(f"fakequant: num_bits must be 8 (Q8_0) or 4 (Q4_0), got {num_bits!r}")
+    shape = x.shape
+    if x.numel() == 0:
+        return x.clone(), torch.zeros(shape, dtype=torch.bool, device=x.device)
+    rows = x.reshape(-1, 1) if x.dim() == 0 else x.reshape(-1, shape[-1])
+    length = rows.shape[1]
+    nblocks = -(-length // block_size)
+    padded = torch.nn.functional.pad(rows.float(), (0, nblocks * block_size - length))  # zeros: amax stays
+    xb = padded.reshape(rows.shape[0], nblocks, block_size)
+    if num_bits == 8:
+        d = xb.abs().amax(-1, keepdim=True) / torch.full((), 127.0, device=x.device)
+    else:
+        m = xb.gather(-1, xb.abs().argmax(-1, keepdim=True))  # argmax: the first of equal magnitudes
+        d = m / torch.full((), -8.0, device=x.device)
+    inv = torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / d)
+    d16 = round_to_float16(d)
+    v = xb * inv
+    if num_bits == 8:
+        y = (_round_half_away(v) + 0.0) * d16
+        mask = y.isfinite()
+    else:
+        c = torch.trunc(v + 8.5)
+        y = d16 * (c.clamp(max=15.0) - 8.0)
+        mask = (c <= 15.0) & y.isfinite()
+
+    def unblock(t):
+        return t.reshape(rows.shape[0], nblocks * block_size)[:, :length].reshape(shape)
+
+    return unblock(y).to(x.dtype), unblock(mask)

@@ -123,8 +123,9 @@ def _normalize_block_sizes(block_sizes: Any) -> Optional[Dict[Union[int, str], A
                 value = tuple(value) if isinstance(value, (tuple, list)) else value
                 if value not in _core.BLOCK_SCALE_BITS:
                     raise ValueError(f"block_sizes['scale_bits'] must be (4, 3) (E4M3 block scales under a "
-                                     f"per-tensor scale, NVFP4) or (8, 0) (E8M0 power-of-two block scales, "
-                                     f"the MX formats), got {value!r}")
+                                     f"per-tensor scale, NVFP4), (8, 0) (E8M0 power-of-two block scales, "
+                                     f"the MX formats) or (5, 10) (float16 block scales of llama.cpp's Q8_0 "
+                                     f"and Q4_0), got {value!r}")
             out[key] = tuple(value) if isinstance(value, list) else value
         elif _is_int(key):
             if value is not None and not (_is_int(value) and value > 0):
@@ -234,6 +235,12 @@ class ScaledQuantDescriptor:
         if self._num_bits == (2, 1) and (self._block_sizes is None or self._block_sizes.get("type") != "dynamic"):
             raise ValueError("num_bits=(2, 1) (FP4 E2M1) needs dynamic block-wise scales, e.g. "
                              "block_sizes={-1: 16, 'type': 'dynamic', 'scale_bits': (4, 3)} (NVFP4)")
+        if self._block_sizes is not None and self._block_sizes.get("scale_bits") == (5, 10):
+            # llama.cpp's blocks (fakequant.ops.fake_quantize_ggml): its rule, its two types
+            if self._num_bits not in _core.GGML_BLOCK_TYPES or self._unsigned or not self._fake_quant:
+                raise ValueError(f"block_sizes['scale_bits'] = (5, 10) (llama.cpp's float16 block scales) takes "
+                                 f"num_bits 8 (Q8_0) or 4 (Q4_0), signed, fake_quant=True; got num_bits="
+                                 f"{self._num_bits!r}, unsigned={self._unsigned}, fake_quant={self._fake_quant}")
         if self._block_sizes is not None:
             if self._axis is not None:
                 raise ValueError(f"block_sizes and axis cannot be combined, got axis={self._axis!r}")

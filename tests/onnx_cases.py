@@ -226,7 +226,7 @@ CASES: Dict[str, Case] = {
 for _name, (_make, _min_opset, _exporters, _) in fp8_block.CASES.items():
     CASES[_name] = Case(_make, fp8_block.inputs, _min_opset, tuple(_exporters), dynamic_batch=False)
 _FAST_PRESETS = {("W8A8", True), ("NVFP4", False)}
-for _preset in sorted(fakequant.presets.PRESETS):
+for _preset in sorted(p for p in fakequant.presets.PRESETS if not p.startswith("GGUF_")):  # (no ONNX form: GGUF)
     for _attention in (False, True):
         if _attention and fakequant.presets.PRESETS[_preset].input is None:
             continue  # a weight-only preset has no input descriptor for the attention inputs

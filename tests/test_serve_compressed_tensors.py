@@ -4,7 +4,6 @@ they decompress equals fakequant's fake-quantized weight bit for bit; their logi
 weights kept compressed, decompressed by compressed-tensors at the first forward) equal the
 model's in eval mode bit for bit where the format's activation rule is fakequant's, and are
 within the bound stated per preset otherwise (docs/serving.md)."""
-import importlib
 import json
 import os
 import warnings
@@ -205,11 +204,10 @@ def test_arguments(tmp_path):
     with pytest.raises(ValueError, match="no quantized Linear layer"):
         fakequant.export_checkpoint(_llama(), tmp_path)
     assert not any(tmp_path.iterdir())
-    try:
-        importlib.import_module("fakequant.serve.gguf")
-    except ModuleNotFoundError:
-        with pytest.raises(NotImplementedError, match="no GGUF exporter"):
-            fakequant.export_checkpoint(model, tmp_path, format="gguf")
+    pytest.importorskip("gguf", reason="the serve extra")
+    with pytest.raises(ValueError, match="GGUF"):  # a W8A8 model has no GGUF equivalent: refused, nothing written
+        fakequant.export_checkpoint(model, tmp_path / "m.gguf", format="gguf")
+    assert not any(tmp_path.iterdir())
 
 
 def test_tokenizer_and_generation_config_written(tmp_path):

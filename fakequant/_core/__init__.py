@@ -14,6 +14,7 @@ from .constants import (
     FLOAT_FORMAT_MAX,
     FLOAT_FORMATS,
     FP8_FORMATS,
+    GGML_BLOCK_TYPES,
     MAX_NUM_BITS,
     MIN_NUM_BITS,
     amax_bound,

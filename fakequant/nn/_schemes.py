@@ -133,12 +133,15 @@ class _Learned:
 class _DynamicBlocks:
     """Dynamic blocks along one axis: ``fake_quantize_blockwise`` in one pass (integer or
     (E, M) elements; E4M3 block scales under a per-tensor one with ``scale_bits=(4, 3)``,
-    E8M0 power-of-two ones with ``scale_bits=(8, 0)``)."""
+    E8M0 power-of-two ones with ``scale_bits=(8, 0)``); llama.cpp's Q8_0 / Q4_0 blocks,
+    ``fake_quantize_ggml``, with ``scale_bits=(5, 10)``)."""
 
     def __call__(self, q, inputs):
         axis, block_size = q._kernel_block()
         if block_size is None:  # the whole axis: one amax per row (per token)
             block_size = max(inputs.size(axis) if inputs.dim() else 1, 1)
+        if q._scale_bits == (5, 10):  # llama.cpp's Q8_0 / Q4_0 blocks (the GGUF presets)
+            return ops.fake_quantize_ggml(inputs, block_size, q._num_bits, axis=axis)
         if isinstance(q._num_bits, tuple):  # (E, M) elements: 1 + E + M bits
             e, m = q._num_bits
             num_bits, exponent_bits = 1 + e + m, e

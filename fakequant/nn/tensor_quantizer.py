@@ -272,6 +272,17 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return None if self._block_sizes is None else dict(self._block_sizes)
 
     @property
+    def scale_bits(self) -> Optional[Tuple[int, int]]:
+        """``block_sizes["scale_bits"]`` of the descriptor: the format of the block scales (E4M3
+        ``(4, 3)``, E8M0 ``(8, 0)``, llama.cpp's float16 ``(5, 10)``), or None."""
+        return self._scale_bits
+
+    @property
+    def is_enabled(self) -> bool:
+        """False after :meth:`disable` (the module returns its input)."""
+        return not self._disabled
+
+    @property
     def fake_quant(self) -> bool:
         return self._fake_quant
 

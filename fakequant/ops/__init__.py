@@ -37,6 +37,7 @@ from .affine import (
 from .amax import fake_quantize_amax, quantize_amax
 from .blockwise import fake_quantize_blockwise
 from .fp8 import fake_quantize_fp8, fp8_max
+from .ggml import fake_quantize_ggml
 from .lsq import (
     _fake_quantize_learnable_per_channel_affine,
     _fake_quantize_learnable_per_tensor_affine,
@@ -70,6 +71,7 @@ __all__ = [
     "unpack_mask",
     "amax_bound",
     "fake_quantize_blockwise",
+    "fake_quantize_ggml",
     "fake_quantize_lsq",
     "fused_moving_avg_obs_fake_quant",
 ]

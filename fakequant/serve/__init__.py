@@ -37,11 +37,6 @@ def export_checkpoint(model: torch.nn.Module, directory: Union[str, "os.PathLike
         from .compressed_tensors import export_compressed_tensors
 
         return export_compressed_tensors(model, directory, **kwargs)
-    try:
-        from .gguf import export_gguf  # type: ignore[import-not-found,unused-ignore]
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.gguf":
-            raise
-        raise NotImplementedError("format='gguf': this installation of fakequant has no GGUF exporter "
-                                  "(fakequant.serve.gguf is missing)") from None
+    from .gguf import export_gguf
+
     return export_gguf(model, directory, **kwargs)
