@@ -58,7 +58,7 @@ def _amax_to_array(amax: Any, name: str = "amax") -> np.ndarray:
     """A float32 ndarray (a copy) of a user-given amax (number, list, tuple, ndarray or
     tensor): the type pytorch-quantization's descriptor holds."""
     if isinstance(amax, bool):
-        raise TypeError(f"{name} must be a number, a list, an ndarray or a tensor, got a bool")
+        raise TypeError(f"{name} must be float, list or ndarray (or a tensor), got a bool")
     if isinstance(amax, torch.Tensor):
         value = amax.detach().to("cpu", torch.float32).numpy().copy()
     elif isinstance(amax, (numbers.Real, list, tuple, np.ndarray, np.generic)):
@@ -68,7 +68,7 @@ def _amax_to_array(amax: Any, name: str = "amax") -> np.ndarray:
             raise TypeError(f"{name}={amax!r} cannot be read as an array of floats: {e}") from None
     else:
         raise TypeError(
-            f"{name} must be a number, a list, an ndarray or a tensor, got {type(amax).__name__}"
+            f"{name} must be float, list or ndarray (or a tensor), got {type(amax).__name__}"
         )
     if value.size == 0:
         raise ValueError(f"{name} must not be empty")
@@ -462,7 +462,7 @@ def tensor_quant(
 def scale_in_input_dtype(scale: torch.Tensor, inputs: torch.Tensor, amax: Amax) -> torch.Tensor:
     """``tensor_quant``'s scale in ``inputs``' dtype (for TensorQuantizer too)."""
     if inputs.dtype == torch.half and scale.device.type == "cpu" and bool((scale > 65504).any()):
-        raise ValueError(f"the scale bound / amax overflows float16 for amax={amax}")
+        raise ValueError(f"scale is too large for FP16: the scale bound / amax overflows float16 for amax={amax}")
     return scale.to(inputs.dtype)
 
 

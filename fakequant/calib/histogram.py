@@ -385,7 +385,7 @@ class HistogramCalibrator(_Calibrator):
         stride = _check_positive_int(stride, "stride")
         start_bin = _check_positive_int(start_bin, "start_bin", 0)
         if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real) or not 0 <= percentile <= 100:
-            raise ValueError(f"percentile must be a number in [0, 100], got {percentile!r}")
+            raise ValueError(f"percentile must be a number in the range [0, 100], got {percentile!r}")
         if method in ("entropy", "mse") and not isinstance(self._num_bits, int):
             raise NotImplementedError(
                 f"compute_amax({method!r}) needs integer num_bits, got {self._num_bits!r} (FP8 is not available yet)"

@@ -30,6 +30,7 @@ class ClipFunction(torch.autograd.Function):
         ctx.save_for_backward(below, above)
         ctx.min_dtype = clip_value_min.dtype
         ctx.max_dtype = clip_value_max.dtype
+        ctx.bound_shapes = (clip_value_min.shape, clip_value_max.shape)
         return torch.minimum(torch.maximum(input, lo), hi)
 
     @staticmethod
@@ -42,6 +43,12 @@ class ClipFunction(torch.autograd.Function):
             grad_input = grad_output.masked_fill(below | above, 0)
         # Sum in float32 at least, so that float16 gradients do not overflow.
         acc = torch.promote_types(grad_output.dtype, torch.float32)
+        for i, name in ((1, "clip_value_min"), (2, "clip_value_max")):
+            shape = ctx.bound_shapes[i - 1]
+            if ctx.needs_input_grad[i] and shape.numel() != 1:
+                # (the gradient of a bound is one sum; pytorch-quantization's words)
+                raise ValueError(f"{name} requires grad: a learnable bound can only be scalar, got shape "
+                                 f"{tuple(shape)}")
         if ctx.needs_input_grad[1]:
             grad_min = torch.where(below, grad_output, 0).sum(dtype=acc).to(ctx.min_dtype)
         if ctx.needs_input_grad[2]:

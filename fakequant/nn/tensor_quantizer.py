@@ -360,7 +360,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         else:
             calib_amax = calibrator.compute_amax(*args, **kwargs)
         if calib_amax is None:
-            message = "the calibrator has not collected any tensor"
+            message = "Calibrator returned None: it has not collected any tensor"
             if strict:
                 raise RuntimeError(message + "; pass strict=False to load_calib_amax() to skip it")
             warnings.warn(message + "; amax left unchanged", stacklevel=2)
