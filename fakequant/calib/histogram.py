@@ -123,6 +123,10 @@ class HistogramCalibrator(_Calibrator):
     def narrow_range(self) -> bool:
         return self._narrow_range
 
+    @narrow_range.setter
+    def narrow_range(self, value: bool) -> None:
+        self._narrow_range = _core.check_bool(value, "narrow_range")
+
     def _edges(self, c: int) -> torch.Tensor:
         assert self._used is not None and self._width is not None  # (something was collected)
         n = int(self._used[c])

@@ -271,7 +271,7 @@ def _histograms_for(
     per_tensor = 0
     for _, q in quantizers:
         calibrator = q._calibrator
-        if calibrator is None or q._axis is not None or q._block_sizes is not None:
+        if calibrator is None or q.spec.axis is not None or q.spec.block_sizes is not None:
             continue
         per_tensor += 1
         if isinstance(calibrator, MaxCalibrator):
