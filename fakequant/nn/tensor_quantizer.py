@@ -3,23 +3,19 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
 
 import torch
 from torch import nn
 
 from .. import _core
 from ..calib import HistogramCalibrator, MaxCalibrator
-from ..calib.reduce_amax import reduce_amax
 from ..tensor_quant import QuantDescriptor, QuantSpec, ScaledQuantDescriptor
-from . import _schemes
+from . import _input_amax, _schemes
+from ._amax_state import _AmaxState
 from .clip import Clip
 
 if TYPE_CHECKING:
-    import numpy as np
-
-    # What the amax and pre_quant_scale setters take: anything torch.tensor reads.
-    _TensorLike = Union[torch.Tensor, float, Sequence[float], np.ndarray]
     _ModuleMeta = type
 else:
     _ModuleMeta = type(nn.Module)
@@ -54,20 +50,7 @@ class _Switches(_ModuleMeta):
     _use_fb_fake_quant: bool
 
 
-def _as_float_tensor(value: Any, name: str) -> torch.Tensor:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, an array or a tensor, got a bool")
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-    else:
-        try:
-            t = torch.tensor(value)
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise TypeError(f"{name}={value!r} cannot be read as a tensor: {e}") from None
-    return t.to(torch.float32) if not t.is_floating_point() or t.dtype != torch.float32 else t
-
-
-class TensorQuantizer(nn.Module, metaclass=_Switches):
+class TensorQuantizer(_AmaxState, metaclass=_Switches):
     """Quantizes a tensor as its :class:`~fakequant.tensor_quant.QuantDescriptor` says.
 
     Three stages, each switched on and off: ``calib`` (feed the calibrator),
@@ -87,6 +70,8 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     input first when set. With ``learn_amax`` the range is the parameters
     ``clip.clip_value_min`` / ``clip.clip_value_max``. These are the state_dict
     keys of pytorch-quantization, whose checkpoints load here on any device.
+    (The buffers and what sets them: the base class, ``nn/_amax_state.py``; the amax
+    computed from an input: ``nn/_input_amax.py``; the numeric paths: ``nn/_schemes.py``.)
     """
 
     # Class-wide switch (``TensorQuantizer.use_fb_fake_quant``, see _Switches):
@@ -199,46 +184,6 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         return self._scale
 
     @property
-    def pre_quant_scale(self) -> Optional[torch.Tensor]:
-        return self._buffers.get("_pre_quant_scale")
-
-    @pre_quant_scale.setter
-    def pre_quant_scale(self, value: Optional[_TensorLike]) -> None:
-        if value is None:
-            self._buffers.pop("_pre_quant_scale", None)
-            return
-        value = _as_float_tensor(value, "pre_quant_scale")
-        old = self._buffers.get("_pre_quant_scale")
-        if old is None:
-            self.register_buffer("_pre_quant_scale", value.clone())
-        elif old.shape != value.shape:
-            raise ValueError(f"pre_quant_scale has shape {tuple(old.shape)}; cannot set a value of shape "
-                             f"{tuple(value.shape)}")
-        else:
-            old.copy_(value)
-
-    @property
-    def amax(self) -> Optional[torch.Tensor]:
-        """The ``_amax`` buffer, or None while amax is dynamic."""
-        return self._buffers.get("_amax")
-
-    @amax.setter
-    def amax(self, value: Optional[_TensorLike]) -> None:
-        # None returns the quantizer to dynamic amax.
-        if value is None:
-            self._buffers.pop("_amax", None)
-            return
-        value = _as_float_tensor(value, "amax")
-        old = self._buffers.get("_amax")
-        if old is None:
-            self.register_buffer("_amax", value.clone().to(self._state_device(value.device)))
-        elif old.shape != value.shape:
-            raise ValueError(f"amax has shape {tuple(old.shape)}; cannot set a value of shape {tuple(value.shape)} "
-                             "(set amax = None first to change its shape)")
-        else:
-            old.copy_(value)
-
-    @property
     def step_size(self) -> Optional[torch.Tensor]:
         """``amax / maxbound``, or None while amax is dynamic."""
         amax = self.amax
@@ -307,79 +252,6 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._if_quant = True
 
     # -- amax ------------------------------------------------------------------------
-    def _state_device(self, default: torch.device) -> torch.device:
-        for t in list(self._buffers.values()) + list(self.parameters()):
-            if t is not None:
-                return t.device
-        return default
-
-    def _set_amax_buffer(self, value: _TensorLike) -> None:
-        """Sets ``_amax`` to ``value``, whatever the current shape."""
-        value = _as_float_tensor(value, "amax").clone()
-        old = self._buffers.get("_amax")
-        if old is not None and old.shape == value.shape:
-            old.copy_(value)
-        else:
-            device = old.device if old is not None else value.device
-            self._buffers.pop("_amax", None)
-            self.register_buffer("_amax", value.to(device))
-
-    def load_calib_amax(self, *args: Any, strict: bool = True, **kwargs: Any) -> None:
-        """Sets amax from the calibrator: ``compute_amax(*args, **kwargs)``.
-
-        Args:
-            strict: if True (default) a calibrator that has seen nothing raises
-                RuntimeError; if False it warns and the quantizer keeps its amax
-                (dynamic if it had none).
-        """
-        calibrator = getattr(self, "_calibrator", None)
-        if calibrator is None:
-            raise RuntimeError("this quantizer has no calibrator")
-        if isinstance(calibrator, MaxCalibrator):
-            method = kwargs.pop("method", args[0] if args else "max")
-            if method != "max" or len(args) > 1 or kwargs:
-                raise TypeError(f"a MaxCalibrator computes the max only; got method={method!r}, "
-                                f"extra arguments {args[1:]} {sorted(kwargs)}")
-            calib_amax = calibrator.compute_amax()
-        else:
-            calib_amax = calibrator.compute_amax(*args, **kwargs)
-        if calib_amax is None:
-            message = "Calibrator returned None: it has not collected any tensor"
-            if strict:
-                raise RuntimeError(message + "; pass strict=False to load_calib_amax() to skip it")
-            warnings.warn(message + "; amax left unchanged", stacklevel=2)
-            return
-        self._load_calibrated_amax(calib_amax)
-
-    def _new_calibrator(self, histogram: bool) -> Union[HistogramCalibrator, MaxCalibrator]:
-        """A calibrator for this quantizer's format: a ``HistogramCalibrator`` or a ``MaxCalibrator``."""
-        spec = self._spec
-        if histogram:
-            return HistogramCalibrator(num_bits=spec.num_bits, axis=spec.axis, unsigned=spec.unsigned,
-                                       narrow_range=spec.narrow_range)
-        return MaxCalibrator(num_bits=spec.num_bits, axis=spec.axis, unsigned=spec.unsigned)
-
-    def _load_calibrated_amax(self, calib_amax: torch.Tensor, name: str = "quantizer") -> bool:
-        """Sets ``_amax`` from calibration; False where it was left dynamic instead.
-
-        An amax <= AMAX_EPSILON (a zero-initialised layer, collapsed activations) makes
-        the outputs where it applies 0 and masks their gradient (once the values move off
-        0): a weight could never train away from it. It warns; a weight quantizer is left
-        dynamic (amax computed from the weight at each forward, so it follows the weight as
-        it trains) and its ``_amax`` removed; other quantizers take it as calibrated."""
-        degenerate = int((calib_amax <= _core.AMAX_EPSILON).sum())
-        if degenerate:
-            where = f"{name}: calibration gave amax <= 2^-24 in {degenerate} of {calib_amax.numel()} entries"
-            if getattr(self, "_quantizes_weight", False):  # (quantizers pickled before it existed)
-                warnings.warn(f"{where} (a zero or constant weight?); left dynamic, so that the weight can train "
-                              "(amax computed from the weight at each forward until calibrated again)", stacklevel=3)
-                self.amax = None
-                return False
-            warnings.warn(f"{where}: there its outputs are 0 and their gradient is masked (collapsed inputs?)",
-                          stacklevel=3)
-        self._set_amax_buffer(calib_amax)
-        return True
-
     def init_learn_amax(self) -> None:
         """Initialises the learned range ``[-amax, amax]`` from ``_amax`` (its max if per channel)."""
         if not self._spec.learn_amax:
@@ -395,9 +267,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
                 local = bound.to_local() if hasattr(bound, "to_local") else bound
                 local.copy_(value)
 
-    def _kept_axes(self, ndim: int) -> List[int]:
-        return _core.resolve_axes(self._spec.axis, ndim, "quantizer axis")
-
+    # -- amax of the input (nn/_input_amax.py) --------------------------------------------
     def _computes_amax(self) -> bool:
         """Whether amax is computed from each input (no ``_amax`` yet, or ``dynamic``). Such
         an amax is not user input: the operators do not check it, and NaN or inf in the
@@ -408,12 +278,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         """amax from the buffer, or computed from ``inputs`` when dynamic."""
         amax = self._buffers.get("_amax")
         if self._computes_amax():
-            if self._spec.axis is None:
-                amax = self._tensor_amax(inputs)
-            else:
-                kept = self._kept_axes(inputs.dim())
-                reduce_dims = tuple(d for d in range(inputs.dim()) if d not in kept)
-                amax = reduce_amax(inputs, axis=reduce_dims, keepdims=True) if reduce_dims else inputs.abs()
+            amax = _input_amax.axis_amax(self._spec, inputs)
         else:
             assert amax is not None  # (not _computes_amax(): the buffer is set)
             if amax.device != inputs.device:
@@ -429,50 +294,19 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             amax = amax * self._spec.scale_amax
         return amax
 
-    @staticmethod
-    def _tensor_amax(inputs: torch.Tensor) -> torch.Tensor:
-        """max |inputs| over the whole tensor, 0-dimensional (one pass, no |x| temporary)."""
-        if torch.onnx.is_in_onnx_export():
-            # (the dynamo exporter cannot translate the aminmax reduce_amax uses,
-            # nor an amax without dims)
-            return inputs.detach().abs().amax(dim=tuple(range(inputs.dim())))
-        return reduce_amax(inputs, axis=None)
+    _tensor_amax = staticmethod(_input_amax.tensor_amax)
 
     def _broadcastable(self, amax: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        # A per-channel amax stored flat (shape (C,)) is laid along the quantizer's axis.
-        if amax.dim() == 1 and amax.numel() > 1 and isinstance(self._spec.axis, int) and inputs.dim() > 1:
-            shape = [1] * inputs.dim()
-            shape[self._spec.axis % inputs.dim()] = amax.numel()
-            return amax.reshape(shape)
-        return amax
+        return _input_amax.broadcastable(self._spec, amax, inputs)
 
-    # -- block quantization -------------------------------------------------------------
     def _blocked_view(self, inputs: torch.Tensor) -> Tuple[torch.Tensor, List[int]]:
-        """``inputs`` reshaped so that each block is a trailing run of one axis,
-        with the positions of the within-block axes."""
-        assert self._spec.block_sizes is not None  # (only block quantizers get here)
-        shape: List[int] = []
-        inner: List[int] = []
-        nd = inputs.dim()
-        axes = _core.resolve_axes(tuple(self._spec.block_sizes), nd, "block_sizes axis")
-        blocks = dict(zip(axes, self._spec.block_sizes.values()))
-        for d, n in enumerate(inputs.shape):
-            if d not in blocks:
-                shape.append(n)
-                continue
-            block = blocks[d]
-            size = (n or 1) if block is None else block  # (an empty axis is one empty block)
-            if n % size:
-                raise ValueError(f"block_sizes[{d}] = {size} does not divide the input's size {n} along axis {d}")
-            shape += [n // size, size]
-            inner.append(len(shape) - 1)
-        return inputs.reshape(shape), inner
+        return _input_amax.blocked_view(self._spec, inputs)
 
     def _block_amax(self, blocked: torch.Tensor, inner: List[int]) -> torch.Tensor:
-        amax = self._buffers.get("_amax")
+        """The amax of each block: the buffer's, or computed from ``blocked`` when dynamic."""
         if self._computes_amax():
-            return reduce_amax(blocked, axis=tuple(inner), keepdims=True).detach().reshape(
-                [1 if d in inner else n for d, n in enumerate(blocked.shape)])
+            return _input_amax.block_amax(blocked, inner)
+        amax = self._buffers.get("_amax")
         assert amax is not None  # (not _computes_amax(): the buffer is set)
         amax = amax.to(blocked.device) if amax.device != blocked.device else amax
         return amax.detach() if amax.requires_grad else amax
@@ -583,16 +417,6 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         s += " calib" if self._if_calib else ""
         return s
 
-    def _apply(self, fn: Any, recurse: bool = True) -> TensorQuantizer:
-        # model.half() / .bfloat16() would round amax to 8 or 11 bits of mantissa,
-        # moving every quantization step; keep it float32 (devices still follow).
-        amax = self._buffers.get("_amax")
-        out = super()._apply(fn, recurse)
-        moved = self._buffers.get("_amax")
-        if amax is not None and moved is not None and moved.dtype != amax.dtype and amax.dtype == torch.float32:
-            self._buffers["_amax"] = amax.to(moved.device)
-        return out
-
     def __getstate__(self) -> Dict[str, Any]:
         # The schemes are chosen again on loading: a pickled quantizer holds module and
         # calibrator state only (loadable with weights_only once those classes are trusted).
@@ -612,32 +436,6 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._spec = QuantSpec(**fields)
         self._configure()
 
-    # The buffers a checkpoint may bring to a quantizer that lacks them.
-    _LOADABLE_BUFFERS = ("_amax", "_pre_quant_scale")
-
-    def _make_room(self, name: str, shape: Sequence[int]) -> None:
-        """Registers buffer ``name`` (one of ``_LOADABLE_BUFFERS``) with ``shape``,
-        zero-filled float32 on this module's device, unless it has that shape already."""
-        shape = torch.Size(shape)
-        dst = self._buffers.get(name)
-        if dst is None or dst.shape != shape:
-            device = dst.device if dst is not None else self._state_device(torch.device("cpu"))
-            self._buffers.pop(name, None)
-            self.register_buffer(name, torch.zeros(shape, dtype=torch.float32, device=device))
-
-    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
-                              strict: bool, missing_keys: List[str], unexpected_keys: List[str],
-                              error_msgs: List[str]) -> None:
-        # amax and pre_quant_scale are data, not architecture: a checkpoint may
-        # bring them to a quantizer that has none yet (still dynamic), or with
-        # another shape (per channel instead of per tensor). Make room for them
-        # on this module's device (pytorch-quantization forces CUDA here).
-        for name in self._LOADABLE_BUFFERS:
-            src = state_dict.get(prefix + name)
-            if isinstance(src, torch.Tensor):
-                self._make_room(name, src.shape)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
 
 
 def _spec_field(name: str) -> property:
