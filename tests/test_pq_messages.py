@@ -31,6 +31,8 @@ def test_real_quantization_in_a_module(make):
     lambda: quant_nn.QuantConvTranspose1d(2, 3, 3, bogus=True),
     lambda: quant_nn.QuantAvgPool2d(2, bogus=True),
     lambda: quant_nn.QuantLSTMCell(4, 3, bogus=True),
+    lambda: quant_nn.QuantLSTM(4, 3, bogus=True),
+    lambda: quant_nn.QuantMultiheadAttention(4, 2, bogus=True),
     lambda: quant_nn.pop_quant_desc_in_kwargs(quant_nn.QuantLinear, bogus=True),
 ])
 def test_unknown_keyword_arguments_of_a_module(make):
@@ -43,6 +45,8 @@ def test_module_keyword_arguments_still_reach_torch():
     m = quant_nn.QuantLinear(4, 3, bias=False, dtype=torch.float64, quant_desc_input=QuantDescriptor(num_bits=4))
     assert m.bias is None and m.weight.dtype == torch.float64 and m.input_quantizer.num_bits == 4
     assert quant_nn.QuantConv2d(2, 3, 3, padding_mode="reflect").padding_mode == "reflect"
+    lstm = quant_nn.QuantLSTM(4, 3, num_layers=2, batch_first=True, bidirectional=True)
+    assert lstm.num_layers == 2 and lstm.batch_first and len(lstm._input_quantizers) == 4
 
 
 @pytest.mark.parametrize("amax", ["1.0", {"a": 1}, object(), True])
@@ -93,8 +97,10 @@ def test_functional_clip_with_tensor_bounds_that_require_grad(which):
     bound = lo if which == "min" else hi
     bound.requires_grad_(True)
     y = quant_F.clip(x, lo, hi)  # (the forward broadcasts the bounds)
+    # (a ValueError, as pytorch-quantization's, and a RuntimeError, as autograd's before)
     with pytest.raises(ValueError, match="can only be scalar") as info:
         y.sum().backward()
+    assert isinstance(info.value, RuntimeError)
     assert f"clip_value_{which}" in str(info.value)
 
 

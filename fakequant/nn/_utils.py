@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from typing import Any, Dict, FrozenSet, List, Literal, Optional, Tuple, Type, Union, cast, overload
+from typing import Any, Dict, FrozenSet, List, Literal, Optional, Set, Tuple, Type, Union, cast, overload
 
 from torch import nn
 
@@ -114,16 +114,22 @@ class QuantMixin:
 @functools.lru_cache(maxsize=None)
 def _float_keywords(quant_cls: type) -> Optional[FrozenSet[str]]:
     """The keyword arguments the ``__init__`` of the module ``quant_cls`` quantizes takes
-    (the first class of its MRO that is no quant mixin and defines one); None if it takes
-    any (``**kwargs``)."""
+    (the first class of its MRO that is no quant mixin and defines one; through torch's
+    classes that pass ``**kwargs`` on, as ``nn.LSTM`` to ``nn.RNNBase``); None if it takes
+    any."""
+    names: Set[str] = set()
     for cls in quant_cls.__mro__:
         if issubclass(cls, (QuantMixin, QuantInputMixin)) or "__init__" not in vars(cls):
             continue
+        if cls in (nn.Module, object):
+            break
         params = inspect.signature(cls.__init__).parameters.values()
-        if any(p.kind is p.VAR_KEYWORD for p in params):
-            return None
-        return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-    return None
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+        if not cls.__module__.startswith("torch."):
+            return None  # (its **kwargs may be its own)
+    return frozenset(names)
 
 
 def _unknown_keywords(quant_cls: type, kwargs: Dict[str, Any]) -> List[str]:
