@@ -289,6 +289,10 @@ def test_descriptor_is_a_frozen_dataclass():
     for name in ("axis", "amax", "bias"):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(d, name, None)
+    # dataclasses.replace builds a new descriptor, checked as any
+    assert dataclasses.replace(d, axis=1) == QuantDescriptor(num_bits=4, axis=1, amax=[1.0, 2.0])
+    with pytest.raises(ValueError, match="learn_amax"):
+        dataclasses.replace(d, axis=None, learn_amax=True)
     b = QuantDescriptor(block_sizes={-1: 16}, bias=None)
     b.block_sizes[-1] = 32  # a copy
     assert b.block_sizes == {-1: 16}
