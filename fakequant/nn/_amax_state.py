@@ -2,7 +2,7 @@
 ``_pre_quant_scale`` buffers, and what sets them: the user (the ``amax`` and
 ``pre_quant_scale`` setters), calibration (``load_calib_amax``) and checkpoints
 (``load_state_dict``, which makes room for buffers of another shape). ``model.half()``
-leaves amax in float32."""
+leaves amax in float32. ``init_learn_amax`` starts the learned range from amax."""
 from __future__ import annotations
 
 import warnings
@@ -14,6 +14,7 @@ from torch import nn
 from .. import _core
 from ..calib import HistogramCalibrator, MaxCalibrator
 from ..tensor_quant import QuantSpec
+from .clip import Clip
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,8 +41,9 @@ def _as_float_tensor(value: Any, name: str) -> torch.Tensor:
 class _AmaxState(nn.Module):
     """The base of :class:`~fakequant.nn.TensorQuantizer` that holds its buffers (see the module)."""
 
-    # Set by TensorQuantizer.__init__.
+    # Set by TensorQuantizer.__init__ (clip: the clip stage, with learn_amax only).
     _spec: QuantSpec
+    clip: Clip
     _calibrator: Optional[Union[HistogramCalibrator, MaxCalibrator]]
     _quantizes_weight: bool
 
@@ -158,6 +160,21 @@ class _AmaxState(nn.Module):
                           stacklevel=3)
         self._set_amax_buffer(calib_amax)
         return True
+
+    def init_learn_amax(self) -> None:
+        """Initialises the learned range ``[-amax, amax]`` from ``_amax`` (its max if per channel)."""
+        if not self._spec.learn_amax:
+            raise RuntimeError("init_learn_amax needs a quantizer created with learn_amax=True")
+        amax = self.amax
+        if amax is None:
+            raise RuntimeError("init_learn_amax needs an amax: calibrate (load_calib_amax) or set amax first")
+        init = amax.max() if amax.numel() != 1 else amax.reshape(())
+        with torch.no_grad():
+            for bound, value in ((self.clip.clip_value_min, -init), (self.clip.clip_value_max, init)):
+                # A bound sharded by FSDP2 (a DTensor; fakequant.utils.prepare_fully_shard)
+                # holds this one value in every element: each rank fills its own shard.
+                local = bound.to_local() if hasattr(bound, "to_local") else bound
+                local.copy_(value)
 
     # -- dtype and checkpoints ---------------------------------------------------------
     def _apply(self, fn: Any, recurse: bool = True) -> _AmaxState:

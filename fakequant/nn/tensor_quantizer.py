@@ -3,51 +3,19 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 import torch
-from torch import nn
 
 from .. import _core
 from ..calib import HistogramCalibrator, MaxCalibrator
 from ..tensor_quant import QuantDescriptor, QuantSpec, ScaledQuantDescriptor
 from . import _input_amax, _schemes
 from ._amax_state import _AmaxState
+from ._switches import _Switches
 from .clip import Clip
 
-if TYPE_CHECKING:
-    _ModuleMeta = type
-else:
-    _ModuleMeta = type(nn.Module)
-
 __all__ = ["TensorQuantizer"]
-
-
-class _Switches(_ModuleMeta):
-    """The class-wide switches of :class:`TensorQuantizer`, as pytorch-quantization
-    spells them. ``_enable_onnx_export`` is this thread's export mode
-    (``fakequant.enable_onnx_export``), not a class attribute; ``use_fb_fake_quant``
-    is the user's class-wide choice, and reads True inside the export mode (as
-    pytorch-quantization's ``enable_onnx_export`` set it; fakequant's operators
-    are used while exporting whatever it says)."""
-
-    @property
-    def _enable_onnx_export(cls) -> bool:
-        return _core.onnx_export_enabled()
-
-    @_enable_onnx_export.setter
-    def _enable_onnx_export(cls, value: bool) -> None:
-        _core.set_onnx_export_enabled(bool(value))
-
-    @property
-    def use_fb_fake_quant(cls) -> bool:
-        return cls._use_fb_fake_quant or _core.onnx_export_enabled()
-
-    @use_fb_fake_quant.setter
-    def use_fb_fake_quant(cls, value: bool) -> None:
-        cls._use_fb_fake_quant = _core.check_bool(value, "use_fb_fake_quant")
-
-    _use_fb_fake_quant: bool
 
 
 class TensorQuantizer(_AmaxState, metaclass=_Switches):
@@ -71,7 +39,8 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
     ``clip.clip_value_min`` / ``clip.clip_value_max``. These are the state_dict
     keys of pytorch-quantization, whose checkpoints load here on any device.
     (The buffers and what sets them: the base class, ``nn/_amax_state.py``; the amax
-    computed from an input: ``nn/_input_amax.py``; the numeric paths: ``nn/_schemes.py``.)
+    computed from an input: ``nn/_input_amax.py``; the numeric paths: ``nn/_schemes.py``;
+    the class-wide switches: the metaclass, ``nn/_switches.py``.)
     """
 
     # Class-wide switch (``TensorQuantizer.use_fb_fake_quant``, see _Switches):
@@ -83,8 +52,6 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
     # gradient of the quantization error (Esser et al., LSQ) to the clip stage's;
     # "pact" keeps pytorch-quantization's, where amax learns from clipped values only.
     learn_amax_method: str = "lsq"
-    # The clip stage (a submodule), with learn_amax only.
-    clip: Clip
     def __init__(
         self,
         quant_desc: ScaledQuantDescriptor = QuantDescriptor(),
@@ -252,21 +219,6 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         self._if_quant = True
 
     # -- amax ------------------------------------------------------------------------
-    def init_learn_amax(self) -> None:
-        """Initialises the learned range ``[-amax, amax]`` from ``_amax`` (its max if per channel)."""
-        if not self._spec.learn_amax:
-            raise RuntimeError("init_learn_amax needs a quantizer created with learn_amax=True")
-        amax = self.amax
-        if amax is None:
-            raise RuntimeError("init_learn_amax needs an amax: calibrate (load_calib_amax) or set amax first")
-        init = amax.max() if amax.numel() != 1 else amax.reshape(())
-        with torch.no_grad():
-            for bound, value in ((self.clip.clip_value_min, -init), (self.clip.clip_value_max, init)):
-                # A bound sharded by FSDP2 (a DTensor; fakequant.utils.prepare_fully_shard)
-                # holds this one value in every element: each rank fills its own shard.
-                local = bound.to_local() if hasattr(bound, "to_local") else bound
-                local.copy_(value)
-
     # -- amax of the input (nn/_input_amax.py) --------------------------------------------
     def _computes_amax(self) -> bool:
         """Whether amax is computed from each input (no ``_amax`` yet, or ``dynamic``). Such
