@@ -35,6 +35,10 @@ from .quant_modules import deactivate, enable_onnx_export, initialize, quantize_
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from .utils.calibrate import calibrate
 from .serve import export_checkpoint
+
+# pytorch-quantization's import paths of calibrate_weights, which walks a model (the model
+# level) and so is not the calib package's own (fakequant/calib/__init__.py).
+calib.calibrate_weights = calib.histogram.calibrate_weights = utils.calibrate_weights  # type: ignore[attr-defined]
 from . import onnx  # TorchScript export symbolics (dynamo: fakequant.onnx.export / custom_translation_table)
 from . import distill, experts, pretrained
 

@@ -292,6 +292,15 @@ def test_calibrate_weights():
         calib.calibrate_weights(model, method="kl")
 
 
+def test_calibrate_weights_lives_at_the_model_level():
+    # it walks modules: fakequant.utils has it; pytorch-quantization's paths name the same function
+    import fakequant.utils
+    from fakequant.calib.histogram import calibrate_weights
+
+    assert calib.calibrate_weights is calibrate_weights is fakequant.utils.calibrate_weights
+    assert calibrate_weights.__module__ == "fakequant.utils.calibrate"
+
+
 def test_quantizer_histogram_descriptor_end_to_end():
     q = quant_nn.TensorQuantizer(QuantDescriptor(calib_method="histogram", axis=0))
     q.enable_calib()

@@ -167,6 +167,22 @@ def test_constructor_passes_torch_arguments():
         quant_nn.QuantLinear(2, 2, quant_desc_bias=IN_DESC)
 
 
+def test_keyword_arguments_reach_torch():
+    # (tests/test_pq_messages.py: the others are refused, "Unused keys")
+    m = quant_nn.QuantLinear(4, 3, bias=False, dtype=torch.float64, quant_desc_input=QuantDescriptor(num_bits=4))
+    assert m.bias is None and m.weight.dtype == torch.float64 and m.input_quantizer.num_bits == 4
+    assert quant_nn.QuantConv2d(2, 3, 3, padding_mode="reflect").padding_mode == "reflect"
+    lstm = quant_nn.QuantLSTM(4, 3, num_layers=2, batch_first=True, bidirectional=True)
+    assert lstm.num_layers == 2 and lstm.batch_first and len(lstm._input_quantizers) == 4
+
+
+def test_functional_clip_with_tensor_bounds_without_grad():
+    # (with grad, a bound must be scalar: tests/test_pq_messages.py)
+    x = torch.randn(2, 3, requires_grad=True)
+    quant_nn.functional.clip(x, -torch.ones(3), torch.ones(3)).sum().backward()
+    assert x.grad is not None
+
+
 def test_pop_quant_desc_in_kwargs():
     d_in, d_w = quant_nn.pop_quant_desc_in_kwargs(quant_nn.QuantConv2d)
     assert d_in == tensor_quant.QUANT_DESC_8BIT_PER_TENSOR and d_w.axis == 0

@@ -539,3 +539,32 @@ def test_calibrate_dynamic_blocks_with_a_ragged_last_block():
     assert amax.numel() == 1 and torch.equal(amax.reshape(()), calib_batch.abs().max())
     expected = ops.fake_quantize_blockwise(x, 16, 4, False, True, 2, amax.reshape(()))
     assert torch.equal(lin.input_quantizer(x), expected)
+
+
+def test_spec_and_pytorch_quantization_private_names():
+    import dataclasses
+    import pickle
+
+    from fakequant.tensor_quant import QuantSpec
+
+    q = TensorQuantizer(QuantDescriptor(num_bits=8, axis=0, calib_method="histogram"))
+    assert q.spec == QuantSpec(num_bits=8, axis=0) and (q._num_bits, q._axis, q._unsigned) == (8, 0, False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        q.spec.num_bits = 4
+    # the setters replace the spec, checked, and the calibrator follows
+    q.num_bits, q.unsigned, q.narrow_range = 4, True, True
+    assert q.spec == QuantSpec(num_bits=4, unsigned=True, narrow_range=True, axis=0)
+    assert (q._calibrator.num_bits, q._calibrator.unsigned, q._calibrator.narrow_range) == (4, True, True)
+    q._num_bits = 6  # (pytorch-quantization's private name: the same setter)
+    assert q.num_bits == 6 and q._calibrator.num_bits == 6
+    with pytest.raises(TypeError, match="narrow_range"):
+        q.narrow_range = 1
+    with pytest.raises(ValueError, match="num_bits"):
+        q.num_bits = 1
+    # pickled as the fields pytorch-quantization's quantizers pickle, no spec object
+    state = q.__getstate__()
+    assert "_spec" not in state and state["_num_bits"] == 6 and state["_axis"] == 0
+    back = pickle.loads(pickle.dumps(q))
+    assert back.spec == q.spec
+    x = torch.randn(3, 5)
+    assert bits_equal(back(x), q(x))

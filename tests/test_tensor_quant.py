@@ -277,3 +277,29 @@ def test_function_classes_are_thin_functions_over_the_operators(cls, args):
     (g1,) = torch.autograd.grad(y1, x1, g)
     (g2,) = torch.autograd.grad(y2, x2, g)
     assert bits_equal(g1, g2)
+
+
+def test_descriptor_is_a_frozen_dataclass():
+    import dataclasses
+
+    d = QuantDescriptor(num_bits=4, axis=0, amax=[1.0, 2.0], block_sizes=None)
+    assert [f.name for f in dataclasses.fields(d)] == [
+        "num_bits", "name", "fake_quant", "axis", "block_sizes", "amax", "learn_amax", "scale_amax",
+        "calib_method", "unsigned", "narrow_range", "dynamic", "bias"]
+    for name in ("axis", "amax", "bias"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(d, name, None)
+    # dataclasses.replace builds a new descriptor, checked as any
+    assert dataclasses.replace(d, axis=1) == QuantDescriptor(num_bits=4, axis=1, amax=[1.0, 2.0])
+    with pytest.raises(ValueError, match="learn_amax"):
+        dataclasses.replace(d, axis=None, learn_amax=True)
+    b = QuantDescriptor(block_sizes={-1: 16}, bias=None)
+    b.block_sizes[-1] = 32  # a copy
+    assert b.block_sizes == {-1: 16}
+
+
+def test_descriptor_pickled_with_private_fields_loads():
+    # descriptors pickled before the fields were public held "_num_bits", ...
+    d = QuantDescriptor.__new__(QuantDescriptor)
+    d.__setstate__({"_num_bits": 4, "_name": "w", "_axis": 0, "_amax": np.array([1.0], dtype=np.float32)})
+    assert d == QuantDescriptor(num_bits=4, name="w", axis=0, amax=[1.0])

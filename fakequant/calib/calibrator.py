@@ -41,11 +41,20 @@ class _Calibrator:
 
     @property
     def num_bits(self) -> Union[int, Tuple[int, int]]:
+        """The format being calibrated (settable: a quantizer keeps its calibrator's its own)."""
         return self._num_bits
+
+    @num_bits.setter
+    def num_bits(self, value: Union[int, Tuple[int, int]]) -> None:
+        self._num_bits = check_num_bits(value)
 
     @property
     def unsigned(self) -> bool:
         return self._unsigned
+
+    @unsigned.setter
+    def unsigned(self, value: bool) -> None:
+        self._unsigned = check_bool(value, "unsigned")
 
     def collect(self, x: Any) -> None:
         """Accumulates statistics of tensor ``x``."""

@@ -10,47 +10,27 @@ pytorch-quantization's O(bins^2) Python loop.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .. import _core, ops
-from . import _distributed
+from .. import _core
+from . import _amax_search, _distributed, _histogram_merge
 from .calibrator import _Calibrator, normalize_kept_axes
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["HistogramCalibrator", "calibrate_weights"]
+__all__ = ["HistogramCalibrator"]
 
 # Elements histogrammed per step per channel (bounds the int64 index temporaries).
 _CHUNK = 1 << 24
 # Elements per torch.histc call: its float32 counts are exact below 2^24.
 _HISTC_CHUNK = (1 << 24) - 1
-# Elements per block of the candidate x level (entropy) and candidate x bin (MSE)
-# searches: bounds their temporaries for histograms that grew large.
-_BLOCK = 1 << 18
 METHODS = ("entropy", "mse", "percentile", "max")
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Runs the amax searches on the calling thread only. Their tensors are
-    small (a few hundred thousand elements): a thread pool cannot speed them up,
-    but waking it costs milliseconds per op when the machine is busy."""
-    threads = torch.get_num_threads()
-    if threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -122,6 +102,10 @@ class HistogramCalibrator(_Calibrator):
     @property
     def narrow_range(self) -> bool:
         return self._narrow_range
+
+    @narrow_range.setter
+    def narrow_range(self, value: bool) -> None:
+        self._narrow_range = _core.check_bool(value, "narrow_range")
 
     def _edges(self, c: int) -> torch.Tensor:
         assert self._used is not None and self._width is not None  # (something was collected)
@@ -303,21 +287,12 @@ class HistogramCalibrator(_Calibrator):
                                  f"{[None if m is None else m[0] for m in metas]}")
 
         # The common grid, computed by every rank from the same gathered numbers.
-        widths = torch.stack([m[4] for m in known])  # [ranks, channels], float64
-        width = widths.max(0).values
+        width, used, bins = _histogram_merge.common_grid([m[4] for m in known], [m[5] for m in known], channels)
         gmax = torch.stack([m[6] for m in known]).max(0).values
-        used = torch.ones(channels, dtype=torch.int64)
-        for m in known:
-            w, u = m[4], m[5]
-            same = w == width
-            ratio = torch.where(width > 0, w / torch.where(width > 0, width, 1.0), 0.0)
-            need = torch.where(same, u, torch.ceil(u.double() * ratio).to(torch.int64))
-            used = torch.maximum(used, torch.where(w > 0, need, 1))
-        bins = int(used.max())
 
         if self._hist is not None:
             assert self._width is not None and self._used is not None  # (set with _hist)
-            local = self._rebin(self._hist.cpu(), self._width, self._used, width, used, bins)
+            local = _histogram_merge.rebin(self._hist.cpu(), self._width, self._used, width, used, bins)
             device = self._hist.device
         else:
             local = torch.zeros(channels, bins, dtype=torch.int64)
@@ -328,31 +303,7 @@ class HistogramCalibrator(_Calibrator):
         self._hist, self._width, self._used, self._max = merged, width, used, gmax
         self._amax_shape, self._channel_shape, self._ndim = amax_shape, channel_shape, ndim
 
-    @staticmethod
-    def _rebin(hist: torch.Tensor, width: torch.Tensor, used: torch.Tensor, new_width: torch.Tensor,
-               new_used: torch.Tensor, bins: int) -> torch.Tensor:
-        """``hist`` ([channels, *] int64 counts of bins ``width`` wide) laid on bins
-        ``new_width`` wide (>= ``width``), ``bins`` columns, in whole counts."""
-        channels = hist.shape[0]
-        out = torch.zeros(channels, bins, dtype=torch.int64)
-        for c in range(channels):
-            n, w, W = int(used[c]), float(width[c]), float(new_width[c])
-            h = hist[c, :n]
-            if w == W or w == 0.0:  # the same grid (or only zeros, all in bin 0)
-                out[c, :n] = h
-                continue
-            # The cumulative count at the new edges j * W, interpolated linearly
-            # inside the old bins, rounded to whole counts (monotone: no negative bin).
-            m = int(new_used[c])
-            csum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(h, 0)])
-            pos = torch.arange(m + 1, dtype=torch.float64) * (W / w)
-            k = pos.floor().clamp(max=n).to(torch.int64)
-            frac = pos - k.double()
-            inside = torch.where(k < n, h.double()[k.clamp(max=n - 1)] * frac, 0.0)
-            cum = torch.round(csum[k].double() + inside).to(torch.int64)
-            cum[-1] = csum[-1]
-            out[c, :m] = torch.diff(cum)
-        return out
+    _rebin = staticmethod(_histogram_merge.rebin)
 
     # -- amax ------------------------------------------------------------------
     def compute_amax(
@@ -385,7 +336,7 @@ class HistogramCalibrator(_Calibrator):
         stride = _check_positive_int(stride, "stride")
         start_bin = _check_positive_int(start_bin, "start_bin", 0)
         if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real) or not 0 <= percentile <= 100:
-            raise ValueError(f"percentile must be a number in [0, 100], got {percentile!r}")
+            raise ValueError(f"percentile must be a number in the range [0, 100], got {percentile!r}")
         if method in ("entropy", "mse") and not isinstance(self._num_bits, int):
             raise NotImplementedError(
                 f"compute_amax({method!r}) needs integer num_bits, got {self._num_bits!r} (FP8 is not available yet)"
@@ -394,7 +345,7 @@ class HistogramCalibrator(_Calibrator):
             return None
 
         hist = self._hist.cpu()
-        with _one_thread():
+        with _amax_search.one_thread():
             out = self._search(hist, method, stride, start_bin, percentile)
         amax = torch.tensor(out, dtype=torch.float32)
         amax = amax.reshape(()) if not self._channel_shape else amax.reshape(self._amax_shape)
@@ -413,13 +364,13 @@ class HistogramCalibrator(_Calibrator):
             if method == "max":
                 out.append(float(self._max[c]))
             elif method == "percentile":
-                out.append(_percentile_amax(h, width, percentile))
+                out.append(_amax_search.percentile_amax(h, width, percentile))
             elif method == "entropy":
                 assert isinstance(self._num_bits, int)  # (compute_amax refuses float formats here)
-                out.append(_entropy_amax(h, width, self._num_bits, self._unsigned, stride, start_bin))
+                out.append(_amax_search.entropy_amax(h, width, self._num_bits, self._unsigned, stride, start_bin))
             else:
                 assert isinstance(self._num_bits, int)  # (compute_amax refuses float formats here)
-                out.append(_mse_amax(h, width, self._num_bits, self._unsigned, self._narrow_range, stride,
+                out.append(_amax_search.mse_amax(h, width, self._num_bits, self._unsigned, self._narrow_range, stride,
                                      start_bin))
         return out
 
@@ -433,161 +384,3 @@ class HistogramCalibrator(_Calibrator):
     def __repr__(self) -> str:
         return (f"HistogramCalibrator({super().__repr__()} num_bins={self._num_bins} "
                 f"skip_zeros={self._skip_zeros} collected={self._hist is not None})")
-
-
-# --- amax searches on one histogram (int64 counts h, bins of width `width`) --------
-
-
-def _edge(k: int, width: float) -> float:
-    # float32 value of the k-th bin edge (what a float32 linspace holds).
-    return float(torch.tensor(k * width, dtype=torch.float32))
-
-
-def _percentile_amax(h: torch.Tensor, width: float, percentile: float) -> float:
-    """The first bin edge where the cumulative fraction reaches ``percentile`` %
-    (pytorch-quantization's rule: the lower edge of the bin that crosses it)."""
-    cdf = torch.cumsum(h.double() / float(h.sum()), 0)
-    idx = int(torch.searchsorted(cdf, torch.tensor([percentile / 100.0], dtype=torch.float64))[0])
-    return _edge(idx, width)
-
-
-def _entropy_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, stride: int,
-                  start_bin: int) -> float:
-    """TensorRT-style entropy calibration: the amax (a bin edge ``i``) whose
-    quantized histogram is closest in KL divergence to the reference one.
-
-    For each candidate ``i`` the reference is ``h[:i]`` with the tail ``h[i:]``
-    added to its last bin; the quantized one merges ``h[:i]`` into
-    ``2^(num_bits - 1 + unsigned)`` levels (bin ``j`` to level ``j * levels // i``)
-    and spreads each level's count evenly over its nonzero bins. As in
-    pytorch-quantization, ``h[0]`` is replaced by ``h[1]`` first and the last
-    of several minimal candidates wins.
-
-    The divergences of all candidates come from prefix sums: per level,
-    ``sum h_j log(h_j / mean)`` is ``sum h_j log h_j - S log(S / N)``, so the
-    cost is O(candidates x levels) instead of O(candidates x bins).
-    """
-    levels = _core.amax_bound(num_bits, unsigned) + 1
-    h = h.to(torch.int64).clone()
-    n = h.numel()
-    if n > 1:
-        h[0] = h[1]
-    total = float(h.sum())
-    start = max(1, min(start_bin, n))
-    cand = torch.arange(start, n + 1, stride, dtype=torch.int64)  # candidate i (amax = edge i)
-
-    zero = torch.zeros(1, dtype=torch.int64)
-    csum = torch.cat([zero, torch.cumsum(h, 0)])  # exact counts
-    cnz = torch.cat([zero, torch.cumsum((h > 0).to(torch.int64), 0)])
-    hf = h.double()
-    hlogh = torch.where(h > 0, hf * torch.log(hf.clamp(min=1)), 0.0)
-    chl = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(hlogh, 0)])
-    k = torch.arange(levels + 1, dtype=torch.int64)
-
-    rows = max(1, _BLOCK // (levels + 1))
-    kl = torch.cat([_entropy_block(c, h, csum, cnz, chl, k, levels, total) for c in torch.split(cand, rows)])
-    best = cand.numel() - 1 - int(torch.argmin(torch.flip(kl, [0])))
-    return _edge(int(cand[best]), width)
-
-
-def _entropy_block(cand, h, csum, cnz, chl, k, levels, total):
-    """KL divergences of the candidates ``cand`` (see :func:`_entropy_amax`)."""
-    # Level k of candidate i covers bins [ceil(k i / L), ceil((k + 1) i / L)).
-    # (levels is a power of two: the division is a shift.)
-    shift = levels.bit_length() - 1
-    bounds = ((k.unsqueeze(0) * cand.unsqueeze(1) + (levels - 1)) >> shift).flatten()  # [R * (L + 1)]
-    shape = (cand.numel(), levels + 1)
-
-    def level_sums(prefix):
-        return torch.diff(prefix.gather(0, bounds).view(shape), dim=1)
-
-    s = level_sums(csum).double()
-    nz = level_sums(cnz)
-    has = nz > 0
-    log_mean = torch.log(torch.where(has, s / nz.clamp(min=1), 1.0))
-    within = torch.where(has, level_sums(chl) - s * log_mean, 0.0).sum(1)
-
-    # The last bin i - 1 also receives the tail: take it out of `within`, add it apart.
-    last = cand - 1
-    h_last = h.gather(0, last)
-    hl = h_last.double()
-    level_last = torch.div(last << shift, cand, rounding_mode="floor")
-    log_mean_last = log_mean.gather(1, level_last.unsqueeze(1)).squeeze(1)
-    within = within - torch.where(h_last > 0, hl * (torch.log(hl.clamp(min=1)) - log_mean_last), 0.0)
-
-    kept = csum[cand].double()  # counts below edge i: the quantized histogram's total
-    tail = total - kept
-    kl = within / total + (csum[last].double() / total) * torch.log(kept.clamp(min=1) / total)
-    p_last = (hl + tail) / total
-    q_last = torch.exp(log_mean_last) / kept.clamp(min=1)
-    last_term = torch.where(p_last > 0, p_last * torch.log(p_last / q_last), 0.0)
-    last_term = torch.where((h_last == 0) & (tail > 0), math.inf, last_term)
-    return torch.where(kept > 0, kl + last_term, math.inf)
-
-
-def _mse_amax(h: torch.Tensor, width: float, num_bits: int, unsigned: bool, narrow_range: bool, stride: int,
-              start_bin: int) -> float:
-    """The bin centre that, used as amax, minimises the count-weighted squared
-    quantization error of the bin centres (pytorch-quantization's MSE rule),
-    quantized with the calibrated quantizer's range. Runs on the CPU."""
-    n = h.numel()
-    centers = ((torch.arange(n, dtype=torch.float64) + 0.5) * width).float()
-    counts = h.double()
-    start = min(start_bin, n - 1)
-    cand = torch.arange(start, n, stride, dtype=torch.int64)
-    rows = max(1, _BLOCK // n)
-    errors = []
-    for block in torch.split(cand, rows):
-        amax = centers[block].unsqueeze(1)
-        x = centers.unsqueeze(0).expand(block.numel(), n).contiguous()
-        q = ops.fake_quantize_amax(x, amax, num_bits, unsigned, narrow_range)
-        errors.append(((q - x).double().square() * counts).sum(1))
-    err = torch.cat(errors)
-    best = int(torch.argmin(err))
-    return float(centers[int(cand[best])])
-
-
-# --- weights -------------------------------------------------------------------
-
-
-def calibrate_weights(
-    model: torch.nn.Module,
-    method: str = "percentile",
-    perchannel: bool = True,
-    percentile: float = 99.99,
-    num_bins: int = 2048,
-) -> None:
-    """Sets the weight amax of every quantized module in ``model`` from its weight.
-
-    Args:
-        model: a module holding quantized modules (with ``weight`` and ``weight_quantizer``).
-        method: ``"max"``, ``"percentile"``, ``"mse"`` or ``"entropy"``; this, not the
-            weight quantizer's own calibrator, decides the method.
-        perchannel: one amax per output channel (axis 1 for transposed
-            convolutions, 0 otherwise) if True, else one per tensor.
-        percentile: for ``method="percentile"``.
-        num_bins: histogram bins.
-
-    Any module with a ``weight`` tensor and a ``weight_quantizer`` qualifies;
-    torch's ``transposed`` attribute of convolutions says where their output
-    channels are. The quantizer's ``num_bits``, ``unsigned`` and ``narrow_range``
-    set the calibration's.
-    """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
-    for module in model.modules():
-        quantizer = getattr(module, "weight_quantizer", None) if hasattr(module, "_weight_quantizer") else None
-        # (a module whose quantizer sees its weight in another layout, GPT-2's Conv1D, says so)
-        view = getattr(module, "_weight_for_quantizer", None)
-        weight = view() if callable(view) else getattr(module, "weight", None)
-        if quantizer is None or not isinstance(weight, torch.Tensor):
-            continue
-        axis = (1 if getattr(module, "transposed", False) else 0) if perchannel else None
-        calibrator = HistogramCalibrator(quantizer.num_bits, axis, quantizer.unsigned, num_bins=num_bins,
-                                         narrow_range=quantizer.narrow_range)
-        calibrator.collect(weight)
-        if method == "percentile":
-            amax = calibrator.compute_amax("percentile", percentile=percentile)
-        else:
-            amax = calibrator.compute_amax(method)
-        quantizer._set_amax_buffer(amax)

@@ -1,11 +1,13 @@
 """The numeric paths of a :class:`~fakequant.nn.TensorQuantizer`, one small object each.
 
-A quantizer holds two of them, chosen when it is built (and again when ``num_bits``
-changes): a *path*, which says where amax comes from and which operator runs, and
-a *value rule*, which turns a tensor and its amax into the output. They hold no
-state of their own: everything they read (amax, num_bits, ...) is the quantizer's,
-and the only state a forward writes is pytorch-quantization's ``scale`` (real
-quantization).
+A quantizer holds two of them, chosen from its :class:`~fakequant.tensor_quant.QuantSpec`
+when it is built (and again when the spec changes): a *path*, which says where amax
+comes from and which operator runs, and a *value rule*, which turns a tensor and its
+amax into the output. They hold no state of their own. A value rule reads the spec
+only, and returns the output with the scale of real quantization (None otherwise),
+which the quantizer keeps as pytorch-quantization's ``scale``; a path reads the
+quantizer's spec (``q.spec``), its ``amax`` and ``clip``, and calls its methods that
+compute amax.
 
 Paths: :data:`AMAX` (one amax per tensor or per channel: calibrated, given or
 dynamic), :data:`LEARNED` (the clip stage's learned range, LSQ gradient),
@@ -26,7 +28,7 @@ __all__ = ["AMAX", "LEARNED", "DYNAMIC_BLOCKS", "STATIC_BLOCKS", "FAKE_INTEGER",
            "choose_path", "choose_values"]
 
 
-# --- value rules: (quantizer, inputs, amax, check_values) -> outputs -------------------------
+# --- value rules: (spec, inputs, amax, check_values) -> (outputs, scale or None) -------------
 #
 # check_values=False when the quantizer computed amax from this input (dynamic amax):
 # not user input, so the operators do not check it, and NaN or inf in the input give
@@ -36,9 +38,9 @@ __all__ = ["AMAX", "LEARNED", "DYNAMIC_BLOCKS", "STATIC_BLOCKS", "FAKE_INTEGER",
 class _FakeInteger:
     """``fake_quantize_amax`` with the quantizer's num_bits, unsigned and narrow_range."""
 
-    def __call__(self, q, inputs, amax, check_values=True):
-        return ops.fake_quantize_amax(inputs, amax, q._num_bits, q._unsigned, q._narrow_range,
-                                      check_values=check_values)
+    def __call__(self, spec, inputs, amax, check_values=True):
+        return ops.fake_quantize_amax(inputs, amax, spec.num_bits, spec.unsigned, spec.narrow_range,
+                                      check_values=check_values), None
 
 
 class _TorchNative:
@@ -47,12 +49,12 @@ class _TorchNative:
     AMAX_EPSILON (a tensor, or a channel) gives the amax operator's output there: every
     element +0 (docs/design.md, the tiny-amax rule), which no scale of torch's gives."""
 
-    def __call__(self, q, inputs, amax, check_values=True):
-        qmin, bound = _core.amax_range(q._num_bits, q._unsigned, narrow_range=False)
+    def __call__(self, spec, inputs, amax, check_values=True):
+        qmin, bound = _core.amax_range(spec.num_bits, spec.unsigned, narrow_range=False)
         if amax.numel() == 1:
             if float(amax) <= _core.AMAX_EPSILON:
-                return FAKE_INTEGER(q, inputs, amax, check_values)
-            return torch.fake_quantize_per_tensor_affine(inputs, float(amax) / bound, 0, qmin, bound)
+                return FAKE_INTEGER(spec, inputs, amax, check_values)
+            return torch.fake_quantize_per_tensor_affine(inputs, float(amax) / bound, 0, qmin, bound), None
         flat = amax.detach().squeeze()
         if flat.dim() != 1:
             raise ValueError(f"torch's per-channel fake quantization takes one axis; amax has shape {tuple(amax.shape)}")
@@ -64,37 +66,36 @@ class _TorchNative:
         outputs = torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, axis, qmin, bound)
         if bool(degenerate.any()):
             outputs = torch.where(degenerate.to(inputs.device).reshape(amax.shape),
-                                  FAKE_INTEGER(q, inputs, amax, check_values), outputs)
-        return outputs
+                                  FAKE_INTEGER(spec, inputs, amax, check_values)[0], outputs)
+        return outputs, None
 
 
 class _FP8:
     """``scaled_e4m3`` (``fake_quantize_fp8``) with the quantizer's (E, M) format."""
 
-    def __call__(self, q, inputs, amax, check_values=True):
-        return ops.fake_quantize_fp8(inputs, amax, *q._num_bits, check_values=check_values)
+    def __call__(self, spec, inputs, amax, check_values=True):
+        return ops.fake_quantize_fp8(inputs, amax, *spec.num_bits, check_values=check_values), None
 
 
 class _Real:
-    """``tensor_quant`` (``quantize_amax``): the integers; their scale, in the input's
-    dtype, becomes the quantizer's ``scale``."""
+    """``tensor_quant`` (``quantize_amax``): the integers, and their scale in the input's
+    dtype (the quantizer's ``scale``)."""
 
-    def __call__(self, q, inputs, amax, check_values=True):
-        outputs, scale = ops.quantize_amax(inputs, amax, q._num_bits, q._unsigned, q._narrow_range,
+    def __call__(self, spec, inputs, amax, check_values=True):
+        outputs, scale = ops.quantize_amax(inputs, amax, spec.num_bits, spec.unsigned, spec.narrow_range,
                                            check_values=check_values)
-        q._scale = scale_in_input_dtype(scale, inputs, amax)
-        return outputs
+        return outputs, scale_in_input_dtype(scale, inputs, amax)
 
 
 FAKE_INTEGER, TORCH_NATIVE, FP8, REAL = _FakeInteger(), _TorchNative(), _FP8(), _Real()
 
 
-def choose_values(num_bits, fake_quant):
-    """The value rule of a quantizer's configuration (torch's own operators are
-    chosen per call, by the class-wide ``use_fb_fake_quant`` switch)."""
-    if isinstance(num_bits, tuple):
+def choose_values(spec):
+    """The value rule of a quantizer's spec (torch's own operators are chosen per
+    call, by the class-wide ``use_fb_fake_quant`` switch)."""
+    if isinstance(spec.num_bits, tuple):
         return FP8
-    return FAKE_INTEGER if fake_quant else REAL
+    return FAKE_INTEGER if spec.fake_quant else REAL
 
 
 # --- paths: (quantizer, inputs) -> outputs --------------------------------------------------
@@ -117,11 +118,12 @@ class _Learned:
         neg_min = -clip_min
         # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
         amax = torch.where(neg_min > clip_max, neg_min, clip_max)
-        if (type(q).learn_amax_method != "lsq" or q._values is not FAKE_INTEGER
+        spec = q.spec
+        if (type(q).learn_amax_method != "lsq" or choose_values(spec) is not FAKE_INTEGER
                 or not torch.is_grad_enabled() or torch.onnx.is_in_onnx_export()):
             # (no gradient to compute: the amax operator, which exports with a constant scale)
             return q._quantize(inputs, amax.detach())
-        qmin, qmax = _core.amax_range(q._num_bits, q._unsigned, q._narrow_range)
+        qmin, qmax = _core.amax_range(spec.num_bits, spec.unsigned, spec.narrow_range)
         # The tiny-amax rule (docs/design.md): an amax <= AMAX_EPSILON quantizes to +0, as
         # the amax operator does. Scale 1 does that to the clipped inputs (|x| <= amax < 1/2
         # round to 0, and their gradient passes) and leaves the range the clip stage's
@@ -137,28 +139,29 @@ class _DynamicBlocks:
     ``fake_quantize_ggml``, with ``scale_bits=(5, 10)``)."""
 
     def __call__(self, q, inputs):
-        axis, block_size = q._kernel_block()
+        spec = q.spec
+        axis, block_size = spec.kernel_block
         if block_size is None:  # the whole axis: one amax per row (per token)
             block_size = max(inputs.size(axis) if inputs.dim() else 1, 1)
-        if q._scale_bits == (5, 10):  # llama.cpp's Q8_0 / Q4_0 blocks (the GGUF presets)
-            return ops.fake_quantize_ggml(inputs, block_size, q._num_bits, axis=axis)
-        if isinstance(q._num_bits, tuple):  # (E, M) elements: 1 + E + M bits
-            e, m = q._num_bits
+        if spec.scale_bits == (5, 10):  # llama.cpp's Q8_0 / Q4_0 blocks (the GGUF presets)
+            return ops.fake_quantize_ggml(inputs, block_size, spec.num_bits, axis=axis)
+        if isinstance(spec.num_bits, tuple):  # (E, M) elements: 1 + E + M bits
+            e, m = spec.num_bits
             num_bits, exponent_bits = 1 + e + m, e
         else:
-            num_bits, exponent_bits = q._num_bits, 0
+            num_bits, exponent_bits = spec.num_bits, 0
         scale_amax, computed = None, False
-        e8m0 = q._scale_bits == (8, 0)  # the MX formats: power-of-two block scales, nothing calibrated
-        if q._scale_bits is not None and not e8m0:
+        e8m0 = spec.scale_bits == (8, 0)  # the MX formats: power-of-two block scales, nothing calibrated
+        if spec.scale_bits is not None and not e8m0:
             # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
-            amax = q._buffers.get("_amax")
+            amax = q.amax
             if amax is not None and amax.numel() == 1:
                 scale_amax = amax.detach().reshape(()).to(inputs.device)
             else:
                 scale_amax, computed = q._tensor_amax(inputs), True
-        return ops.fake_quantize_blockwise(inputs, block_size, num_bits, q._unsigned, q._narrow_range,
+        return ops.fake_quantize_blockwise(inputs, block_size, num_bits, spec.unsigned, spec.narrow_range,
                                            exponent_bits, scale_amax, axis=axis, check_values=not computed,
-                                           e8m0_scale=e8m0, centered=q._centered)
+                                           e8m0_scale=e8m0, centered=spec.centered)
 
 
 class _StaticBlocks:
@@ -168,20 +171,21 @@ class _StaticBlocks:
     def __call__(self, q, inputs):
         blocked, inner = q._blocked_view(inputs)
         amax = q._block_amax(blocked, inner)
-        if q._scale_amax is not None:
-            amax = amax * q._scale_amax
+        scale_amax = q.spec.scale_amax
+        if scale_amax is not None:
+            amax = amax * scale_amax
         return q._quantize(blocked, amax, check_values=not q._computes_amax()).reshape(inputs.shape)
 
 
 AMAX, LEARNED, DYNAMIC_BLOCKS, STATIC_BLOCKS = _Amax(), _Learned(), _DynamicBlocks(), _StaticBlocks()
 
 
-def choose_path(q):
-    """The path of quantizer ``q``'s configuration."""
-    if q._learn_amax:
+def choose_path(spec):
+    """The path of a quantizer's spec."""
+    if spec.learn_amax:
         return LEARNED
-    if q._block_sizes is not None:
-        if q._dynamic and q._kernel_block() is not None and q._fake_quant:
+    if spec.block_sizes is not None:
+        if spec.dynamic and spec.kernel_block is not None and spec.fake_quant:
             return DYNAMIC_BLOCKS
         return STATIC_BLOCKS
     return AMAX

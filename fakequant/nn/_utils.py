@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Literal, Optional, Tuple, Type, Union, cast, overload
+import functools
+import inspect
+from typing import Any, Dict, FrozenSet, List, Literal, Optional, Set, Tuple, Type, Union, cast, overload
 
 from torch import nn
 
@@ -16,7 +18,7 @@ def _check_desc(value: Any, name: str) -> ScaledQuantDescriptor:
     if not isinstance(value, QuantDescriptor):
         raise TypeError(f"{name} must be a QuantDescriptor, got {value!r} ({type(value).__name__})")
     if not value.fake_quant:
-        raise ValueError(f"{name}: quantized modules support fake quantization only, got fake_quant=False")
+        raise ValueError(f"{name}: Only fake quantization is supported by quantized modules, got fake_quant=False")
     return value
 
 
@@ -109,6 +111,34 @@ class QuantMixin:
         return self._weight_quantizer
 
 
+@functools.lru_cache(maxsize=None)
+def _float_keywords(quant_cls: type) -> Optional[FrozenSet[str]]:
+    """The keyword arguments the ``__init__`` of the module ``quant_cls`` quantizes takes
+    (the first class of its MRO that is no quant mixin and defines one; through torch's
+    classes that pass ``**kwargs`` on, as ``nn.LSTM`` to ``nn.RNNBase``); None if it takes
+    any."""
+    names: Set[str] = set()
+    for cls in quant_cls.__mro__:
+        if issubclass(cls, (QuantMixin, QuantInputMixin)) or "__init__" not in vars(cls):
+            continue
+        if cls in (nn.Module, object):
+            break
+        params = inspect.signature(cls.__init__).parameters.values()
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+        if not cls.__module__.startswith("torch."):
+            return None  # (its **kwargs may be its own)
+    return frozenset(names)
+
+
+def _unknown_keywords(quant_cls: type, kwargs: Dict[str, Any]) -> List[str]:
+    known = _float_keywords(quant_cls)
+    if known is None:
+        return []
+    return sorted(set(kwargs) - known - {"quant_desc_input", "quant_desc_weight", "self"})
+
+
 @overload
 def take_quant_descs(
     quant_cls: Type[Union[QuantMixin, QuantInputMixin]], kwargs: Dict[str, Any], input_only: Literal[True]
@@ -132,6 +162,10 @@ def take_quant_descs(
 ) -> Union[ScaledQuantDescriptor, Tuple[ScaledQuantDescriptor, ScaledQuantDescriptor]]:
     """Pops ``quant_desc_input`` (and ``quant_desc_weight``) from the dict
     ``kwargs`` (defaults: ``quant_cls``'s), leaving the other keys."""
+    unused = _unknown_keywords(quant_cls, kwargs)
+    if unused:
+        raise TypeError(f"Unused keys: {unused}: {quant_cls.__name__} takes the keyword arguments of the module it "
+                        "quantizes, and quant_desc_input / quant_desc_weight")
     desc_input = kwargs.pop("quant_desc_input", quant_cls.default_quant_desc_input)
     if input_only:
         if "quant_desc_weight" in kwargs:
@@ -161,7 +195,8 @@ def pop_quant_desc_in_kwargs(
     Raises:
         TypeError: if ``kwargs`` holds other keys.
     """
-    descs = take_quant_descs(quant_cls, kwargs, input_only)
-    if kwargs:
-        raise TypeError(f"unused keyword arguments: {sorted(kwargs)}")
-    return descs
+    unused = sorted(set(kwargs) - {"quant_desc_input", "quant_desc_weight"})
+    if unused:
+        raise TypeError(f"Unused keys: {unused}: these keyword arguments are unused (it takes quant_desc_input "
+                        "and quant_desc_weight only)")
+    return take_quant_descs(quant_cls, kwargs, input_only)

@@ -27,7 +27,7 @@ def _bound(value: Any, name: str, learn: bool) -> torch.Tensor:
             t = t.float()
         if learn:
             if t.numel() != 1:
-                raise ValueError(f"a learnable {name} must hold one value, got shape {tuple(t.shape)}")
+                raise ValueError(f"a learnable {name} must be scalar (hold one value), got shape {tuple(t.shape)}")
             t = t.reshape(())
         return t
     raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")

@@ -5,7 +5,7 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from .._core import dynamo_exporting
+from .._core import ValueAndRuntimeError, dynamo_exporting
 
 __all__ = ["ClipFunction", "clip"]
 
@@ -30,6 +30,7 @@ class ClipFunction(torch.autograd.Function):
         ctx.save_for_backward(below, above)
         ctx.min_dtype = clip_value_min.dtype
         ctx.max_dtype = clip_value_max.dtype
+        ctx.bound_shapes = (clip_value_min.shape, clip_value_max.shape)
         return torch.minimum(torch.maximum(input, lo), hi)
 
     @staticmethod
@@ -42,6 +43,13 @@ class ClipFunction(torch.autograd.Function):
             grad_input = grad_output.masked_fill(below | above, 0)
         # Sum in float32 at least, so that float16 gradients do not overflow.
         acc = torch.promote_types(grad_output.dtype, torch.float32)
+        for i, name in ((1, "clip_value_min"), (2, "clip_value_max")):
+            shape = ctx.bound_shapes[i - 1]
+            if ctx.needs_input_grad[i] and shape.numel() != 1:
+                # (the gradient of a bound is one sum; pytorch-quantization's words and type, and
+                # the RuntimeError autograd raised before for the gradient's shape)
+                raise ValueAndRuntimeError(f"{name} requires grad: a learnable bound can only be scalar, got "
+                                           f"shape {tuple(shape)}")
         if ctx.needs_input_grad[1]:
             grad_min = torch.where(below, grad_output, 0).sum(dtype=acc).to(ctx.min_dtype)
         if ctx.needs_input_grad[2]:

@@ -1,72 +1,24 @@
 """``TensorQuantizer``: the module that quantizes one tensor of a network."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 import torch
-from torch import nn
 
 from .. import _core
 from ..calib import HistogramCalibrator, MaxCalibrator
-from ..calib.reduce_amax import reduce_amax
-from ..tensor_quant import QuantDescriptor, ScaledQuantDescriptor
-from . import _schemes
+from ..tensor_quant import QuantDescriptor, QuantSpec, ScaledQuantDescriptor
+from . import _input_amax, _schemes
+from ._amax_state import _AmaxState
+from ._switches import _Switches
 from .clip import Clip
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    # What the amax and pre_quant_scale setters take: anything torch.tensor reads.
-    _TensorLike = Union[torch.Tensor, float, Sequence[float], np.ndarray]
-    _ModuleMeta = type
-else:
-    _ModuleMeta = type(nn.Module)
 
 __all__ = ["TensorQuantizer"]
 
 
-class _Switches(_ModuleMeta):
-    """The class-wide switches of :class:`TensorQuantizer`, as pytorch-quantization
-    spells them. ``_enable_onnx_export`` is this thread's export mode
-    (``fakequant.enable_onnx_export``), not a class attribute; ``use_fb_fake_quant``
-    is the user's class-wide choice, and reads True inside the export mode (as
-    pytorch-quantization's ``enable_onnx_export`` set it; fakequant's operators
-    are used while exporting whatever it says)."""
-
-    @property
-    def _enable_onnx_export(cls) -> bool:
-        return _core.onnx_export_enabled()
-
-    @_enable_onnx_export.setter
-    def _enable_onnx_export(cls, value: bool) -> None:
-        _core.set_onnx_export_enabled(bool(value))
-
-    @property
-    def use_fb_fake_quant(cls) -> bool:
-        return cls._use_fb_fake_quant or _core.onnx_export_enabled()
-
-    @use_fb_fake_quant.setter
-    def use_fb_fake_quant(cls, value: bool) -> None:
-        cls._use_fb_fake_quant = _core.check_bool(value, "use_fb_fake_quant")
-
-    _use_fb_fake_quant: bool
-
-
-def _as_float_tensor(value: Any, name: str) -> torch.Tensor:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, an array or a tensor, got a bool")
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-    else:
-        try:
-            t = torch.tensor(value)
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise TypeError(f"{name}={value!r} cannot be read as a tensor: {e}") from None
-    return t.to(torch.float32) if not t.is_floating_point() or t.dtype != torch.float32 else t
-
-
-class TensorQuantizer(nn.Module, metaclass=_Switches):
+class TensorQuantizer(_AmaxState, metaclass=_Switches):
     """Quantizes a tensor as its :class:`~fakequant.tensor_quant.QuantDescriptor` says.
 
     Three stages, each switched on and off: ``calib`` (feed the calibrator),
@@ -86,6 +38,9 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     input first when set. With ``learn_amax`` the range is the parameters
     ``clip.clip_value_min`` / ``clip.clip_value_max``. These are the state_dict
     keys of pytorch-quantization, whose checkpoints load here on any device.
+    (The buffers and what sets them: the base class, ``nn/_amax_state.py``; the amax
+    computed from an input: ``nn/_input_amax.py``; the numeric paths: ``nn/_schemes.py``;
+    the class-wide switches: the metaclass, ``nn/_switches.py``.)
     """
 
     # Class-wide switch (``TensorQuantizer.use_fb_fake_quant``, see _Switches):
@@ -97,8 +52,6 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     # gradient of the quantization error (Esser et al., LSQ) to the clip stage's;
     # "pact" keeps pytorch-quantization's, where amax learns from clipped values only.
     learn_amax_method: str = "lsq"
-    # The clip stage (a submodule), with learn_amax only.
-    clip: Clip
     def __init__(
         self,
         quant_desc: ScaledQuantDescriptor = QuantDescriptor(),
@@ -113,40 +66,10 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         for name, value in (("disabled", disabled), ("if_quant", if_quant), ("if_clip", if_clip),
                             ("if_calib", if_calib)):
             _core.check_bool(value, name)
-        self._num_bits = quant_desc.num_bits
-        self._fake_quant = quant_desc.fake_quant
-        self._axis = quant_desc.axis
-        self._scale_amax = quant_desc.scale_amax
-        self._learn_amax = quant_desc.learn_amax
+        self._spec = QuantSpec.of(quant_desc)
         # A module's weight quantizer (set by QuantMixin.init_quantizer): a degenerate
         # calibrated amax leaves it dynamic rather than unable to train.
         self._quantizes_weight = False
-        self._unsigned = quant_desc.unsigned
-        self._narrow_range = quant_desc.narrow_range
-        block_sizes = quant_desc.block_sizes or {}
-        self._block_sizes = {k: v for k, v in block_sizes.items() if isinstance(k, int)} or None
-        self._dynamic = quant_desc.dynamic or block_sizes.get("type") == "dynamic"
-        if block_sizes.get("scale_block_sizes") is not None:
-            raise NotImplementedError("block_sizes['scale_block_sizes'] (blocks of block scales) is not implemented")
-        self._scale_bits = block_sizes.get("scale_bits")  # one of _core.BLOCK_SCALE_BITS (the descriptor checked)
-        # Model Optimizer's dynamic "max_min" bias along the axis of dynamic blocks: the blocks
-        # are quantized about their centre (fake_quantize_blockwise(centered=True)).
-        self._centered = quant_desc.bias is not None
-        if self._centered:
-            bias = quant_desc.bias
-            assert bias is not None  # (self._centered)
-            axes = [k for k in bias if isinstance(k, int)]
-            if not (bias.get("type") == "dynamic" and bias.get("method") == "max_min" and self._dynamic
-                    and self._block_sizes is not None and len(self._block_sizes) == 1 and axes == list(self._block_sizes)):
-                raise NotImplementedError(
-                    f"bias={bias!r}: only a dynamic 'max_min' bias along the axis of dynamic blocks is implemented, "
-                    "e.g. per-token asymmetric: type='dynamic', block_sizes={-1: None}, "
-                    "bias={-1: None, 'type': 'dynamic', 'method': 'max_min'}")
-        if self._scale_bits is not None:
-            if not (self._dynamic and self._kernel_block() is not None):
-                raise NotImplementedError("block_sizes['scale_bits'] needs dynamic blocks along one axis "
-                                          "('type': 'dynamic', one axis with an int block size)")
-
         self._configure()
         self._scale = None if not quant_desc.fake_quant else 1.0
         self._disabled = disabled
@@ -157,7 +80,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         if quant_desc.amax is not None:
             self.register_buffer("_amax", torch.from_numpy(quant_desc.amax))  # (float32, a copy)
 
-        if self._learn_amax:
+        if quant_desc.learn_amax:
             init_amax = float(quant_desc.amax.reshape(())) if quant_desc.amax is not None else 1.0
             self.clip = Clip(-init_amax, init_amax, learn_min=True, learn_max=True)
             self.enable_clip()
@@ -170,43 +93,55 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
 
     # -- properties ----------------------------------------------------------------
     @property
+    def spec(self) -> QuantSpec:
+        """What this quantizer computes (frozen; the setters of ``num_bits``, ``unsigned`` and
+        ``narrow_range`` replace it)."""
+        return self._spec
+
+    def _update_spec(self, **changes: Any) -> None:
+        """Replaces the spec with ``changes`` (checked by QuantSpec), chooses the numeric
+        path again, and keeps the calibrator's format the quantizer's."""
+        self._spec = dataclasses.replace(self._spec, **changes)
+        self._configure()
+        calibrator = self._calibrator
+        if calibrator is not None:
+            calibrator.num_bits = self._spec.num_bits
+            calibrator.unsigned = self._spec.unsigned
+            if isinstance(calibrator, HistogramCalibrator):
+                calibrator.narrow_range = self._spec.narrow_range
+
+    @property
     def num_bits(self) -> Union[int, Tuple[int, int]]:
-        return self._num_bits
+        return self._spec.num_bits
 
     @num_bits.setter
     def num_bits(self, value: Union[int, Tuple[int, int]]) -> None:
-        self._num_bits = _core.check_num_bits(value)
-        self._configure()
-        if self._calibrator is not None:
-            self._calibrator._num_bits = self._num_bits
+        self._update_spec(num_bits=value)
 
     @property
     def maxbound(self) -> float:
         """The largest quantized value, ``2^(num_bits - 1 + unsigned) - 1`` (448 for E4M3,
         57344 for E5M2)."""
-        if isinstance(self._num_bits, tuple):
-            return _core.float_format_max(self._num_bits)
-        return _core.amax_bound(self._num_bits, self._unsigned)
+        num_bits = self._spec.num_bits
+        if isinstance(num_bits, tuple):
+            return _core.float_format_max(num_bits)
+        return _core.amax_bound(num_bits, self._spec.unsigned)
 
     @property
     def unsigned(self) -> bool:
-        return self._unsigned
+        return self._spec.unsigned
 
     @unsigned.setter
     def unsigned(self, value: bool) -> None:
-        self._unsigned = _core.check_bool(value, "unsigned")
-        if self._calibrator is not None:
-            self._calibrator._unsigned = value
+        self._update_spec(unsigned=value)
 
     @property
     def narrow_range(self) -> bool:
-        return self._narrow_range
+        return self._spec.narrow_range
 
     @narrow_range.setter
     def narrow_range(self, value: bool) -> None:
-        self._narrow_range = _core.check_bool(value, "narrow_range")
-        if isinstance(self._calibrator, HistogramCalibrator):
-            self._calibrator._narrow_range = value
+        self._update_spec(narrow_range=value)
 
     @property
     def scale(self) -> Optional[Union[float, torch.Tensor]]:
@@ -214,46 +149,6 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         if self._scale is None:
             warnings.warn("TensorQuantizer.scale read before any tensor was quantized", stacklevel=2)
         return self._scale
-
-    @property
-    def pre_quant_scale(self) -> Optional[torch.Tensor]:
-        return self._buffers.get("_pre_quant_scale")
-
-    @pre_quant_scale.setter
-    def pre_quant_scale(self, value: Optional[_TensorLike]) -> None:
-        if value is None:
-            self._buffers.pop("_pre_quant_scale", None)
-            return
-        value = _as_float_tensor(value, "pre_quant_scale")
-        old = self._buffers.get("_pre_quant_scale")
-        if old is None:
-            self.register_buffer("_pre_quant_scale", value.clone())
-        elif old.shape != value.shape:
-            raise ValueError(f"pre_quant_scale has shape {tuple(old.shape)}; cannot set a value of shape "
-                             f"{tuple(value.shape)}")
-        else:
-            old.copy_(value)
-
-    @property
-    def amax(self) -> Optional[torch.Tensor]:
-        """The ``_amax`` buffer, or None while amax is dynamic."""
-        return self._buffers.get("_amax")
-
-    @amax.setter
-    def amax(self, value: Optional[_TensorLike]) -> None:
-        # None returns the quantizer to dynamic amax.
-        if value is None:
-            self._buffers.pop("_amax", None)
-            return
-        value = _as_float_tensor(value, "amax")
-        old = self._buffers.get("_amax")
-        if old is None:
-            self.register_buffer("_amax", value.clone().to(self._state_device(value.device)))
-        elif old.shape != value.shape:
-            raise ValueError(f"amax has shape {tuple(old.shape)}; cannot set a value of shape {tuple(value.shape)} "
-                             "(set amax = None first to change its shape)")
-        else:
-            old.copy_(value)
 
     @property
     def step_size(self) -> Optional[torch.Tensor]:
@@ -265,34 +160,24 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
 
     @property
     def axis(self) -> Optional[Union[int, Tuple[int, ...]]]:
-        return self._axis
+        return self._spec.axis
 
     @property
     def block_sizes(self) -> Optional[Dict[int, Optional[int]]]:
-        return None if self._block_sizes is None else dict(self._block_sizes)
-
-    @property
-    def scale_bits(self) -> Optional[Tuple[int, int]]:
-        """``block_sizes["scale_bits"]`` of the descriptor: the format of the block scales (E4M3
-        ``(4, 3)``, E8M0 ``(8, 0)``, llama.cpp's float16 ``(5, 10)``), or None."""
-        return self._scale_bits
-
-    @property
-    def is_enabled(self) -> bool:
-        """False after :meth:`disable` (the module returns its input)."""
-        return not self._disabled
+        block_sizes = self._spec.block_sizes
+        return None if block_sizes is None else dict(block_sizes)
 
     @property
     def fake_quant(self) -> bool:
-        return self._fake_quant
+        return self._spec.fake_quant
 
     @property
     def learn_amax(self) -> bool:
-        return self._learn_amax
+        return self._spec.learn_amax
 
     @property
     def dynamic(self) -> bool:
-        return self._dynamic
+        return self._spec.dynamic
 
     @property
     def is_enabled(self) -> bool:
@@ -302,13 +187,14 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     @property
     def scale_bits(self) -> Optional[Tuple[int, int]]:
         """The format of the block scales (the descriptor's ``block_sizes["scale_bits"]``):
-        ``(4, 3)`` E4M3 under a per-tensor amax (NVFP4), ``(8, 0)`` E8M0 (MX); None otherwise."""
-        return self._scale_bits
+        ``(4, 3)`` E4M3 under a per-tensor amax (NVFP4), ``(8, 0)`` E8M0 (MX), llama.cpp's
+        float16 ``(5, 10)`` (GGUF); None otherwise."""
+        return self._spec.scale_bits
 
     @property
     def centered(self) -> bool:
         """Whether dynamic blocks are quantized about their centre (a ``"max_min"`` bias)."""
-        return self._centered
+        return self._spec.centered
 
     # -- switches --------------------------------------------------------------------
     def disable(self) -> None:
@@ -328,7 +214,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
 
     def enable_clip(self) -> None:
         """Run the clip stage, learning the range (needs ``learn_amax=True``)."""
-        if not self._learn_amax:
+        if not self._spec.learn_amax:
             raise ValueError("enable_clip needs a quantizer created with learn_amax=True")
         self.clip.clip_value_min.requires_grad_(True)
         self.clip.clip_value_max.requires_grad_(True)
@@ -350,112 +236,18 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         self._if_quant = True
 
     # -- amax ------------------------------------------------------------------------
-    def _state_device(self, default: torch.device) -> torch.device:
-        for t in list(self._buffers.values()) + list(self.parameters()):
-            if t is not None:
-                return t.device
-        return default
-
-    def _set_amax_buffer(self, value: _TensorLike) -> None:
-        """Sets ``_amax`` to ``value``, whatever the current shape."""
-        value = _as_float_tensor(value, "amax").clone()
-        old = self._buffers.get("_amax")
-        if old is not None and old.shape == value.shape:
-            old.copy_(value)
-        else:
-            device = old.device if old is not None else value.device
-            self._buffers.pop("_amax", None)
-            self.register_buffer("_amax", value.to(device))
-
-    def load_calib_amax(self, *args: Any, strict: bool = True, **kwargs: Any) -> None:
-        """Sets amax from the calibrator: ``compute_amax(*args, **kwargs)``.
-
-        Args:
-            strict: if True (default) a calibrator that has seen nothing raises
-                RuntimeError; if False it warns and the quantizer keeps its amax
-                (dynamic if it had none).
-        """
-        calibrator = getattr(self, "_calibrator", None)
-        if calibrator is None:
-            raise RuntimeError("this quantizer has no calibrator")
-        if isinstance(calibrator, MaxCalibrator):
-            method = kwargs.pop("method", args[0] if args else "max")
-            if method != "max" or len(args) > 1 or kwargs:
-                raise TypeError(f"a MaxCalibrator computes the max only; got method={method!r}, "
-                                f"extra arguments {args[1:]} {sorted(kwargs)}")
-            calib_amax = calibrator.compute_amax()
-        else:
-            calib_amax = calibrator.compute_amax(*args, **kwargs)
-        if calib_amax is None:
-            message = "the calibrator has not collected any tensor"
-            if strict:
-                raise RuntimeError(message + "; pass strict=False to load_calib_amax() to skip it")
-            warnings.warn(message + "; amax left unchanged", stacklevel=2)
-            return
-        self._load_calibrated_amax(calib_amax)
-
-    def _new_calibrator(self, histogram: bool) -> Union[HistogramCalibrator, MaxCalibrator]:
-        """A calibrator for this quantizer's format: a ``HistogramCalibrator`` or a ``MaxCalibrator``."""
-        if histogram:
-            return HistogramCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned,
-                                       narrow_range=self._narrow_range)
-        return MaxCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
-
-    def _load_calibrated_amax(self, calib_amax: torch.Tensor, name: str = "quantizer") -> bool:
-        """Sets ``_amax`` from calibration; False where it was left dynamic instead.
-
-        An amax <= AMAX_EPSILON (a zero-initialised layer, collapsed activations) makes
-        the outputs where it applies 0 and masks their gradient (once the values move off
-        0): a weight could never train away from it. It warns; a weight quantizer is left
-        dynamic (amax computed from the weight at each forward, so it follows the weight as
-        it trains) and its ``_amax`` removed; other quantizers take it as calibrated."""
-        degenerate = int((calib_amax <= _core.AMAX_EPSILON).sum())
-        if degenerate:
-            where = f"{name}: calibration gave amax <= 2^-24 in {degenerate} of {calib_amax.numel()} entries"
-            if getattr(self, "_quantizes_weight", False):  # (quantizers pickled before it existed)
-                warnings.warn(f"{where} (a zero or constant weight?); left dynamic, so that the weight can train "
-                              "(amax computed from the weight at each forward until calibrated again)", stacklevel=3)
-                self.amax = None
-                return False
-            warnings.warn(f"{where}: there its outputs are 0 and their gradient is masked (collapsed inputs?)",
-                          stacklevel=3)
-        self._set_amax_buffer(calib_amax)
-        return True
-
-    def init_learn_amax(self) -> None:
-        """Initialises the learned range ``[-amax, amax]`` from ``_amax`` (its max if per channel)."""
-        if not self._learn_amax:
-            raise RuntimeError("init_learn_amax needs a quantizer created with learn_amax=True")
-        amax = self.amax
-        if amax is None:
-            raise RuntimeError("init_learn_amax needs an amax: calibrate (load_calib_amax) or set amax first")
-        init = amax.max() if amax.numel() != 1 else amax.reshape(())
-        with torch.no_grad():
-            for bound, value in ((self.clip.clip_value_min, -init), (self.clip.clip_value_max, init)):
-                # A bound sharded by FSDP2 (a DTensor; fakequant.utils.prepare_fully_shard)
-                # holds this one value in every element: each rank fills its own shard.
-                local = bound.to_local() if hasattr(bound, "to_local") else bound
-                local.copy_(value)
-
-    def _kept_axes(self, ndim: int) -> List[int]:
-        return _core.resolve_axes(self._axis, ndim, "quantizer axis")
-
+    # -- amax of the input (nn/_input_amax.py) --------------------------------------------
     def _computes_amax(self) -> bool:
         """Whether amax is computed from each input (no ``_amax`` yet, or ``dynamic``). Such
         an amax is not user input: the operators do not check it, and NaN or inf in the
         input give NaN outputs, the same on every device."""
-        return self._dynamic or self._buffers.get("_amax") is None
+        return self._spec.dynamic or self._buffers.get("_amax") is None
 
     def _get_amax(self, inputs: torch.Tensor) -> torch.Tensor:
         """amax from the buffer, or computed from ``inputs`` when dynamic."""
         amax = self._buffers.get("_amax")
         if self._computes_amax():
-            if self._axis is None:
-                amax = self._tensor_amax(inputs)
-            else:
-                kept = self._kept_axes(inputs.dim())
-                reduce_dims = tuple(d for d in range(inputs.dim()) if d not in kept)
-                amax = reduce_amax(inputs, axis=reduce_dims, keepdims=True) if reduce_dims else inputs.abs()
+            amax = _input_amax.axis_amax(self._spec, inputs)
         else:
             assert amax is not None  # (not _computes_amax(): the buffer is set)
             if amax.device != inputs.device:
@@ -467,71 +259,36 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
             # (only then: an exported graph would carry an Identity per detach,
             # which ONNX's converter cannot take below opset 16)
             amax = amax.detach()
-        if self._scale_amax is not None:
-            amax = amax * self._scale_amax
+        if self._spec.scale_amax is not None:
+            amax = amax * self._spec.scale_amax
         return amax
 
-    @staticmethod
-    def _tensor_amax(inputs: torch.Tensor) -> torch.Tensor:
-        """max |inputs| over the whole tensor, 0-dimensional (one pass, no |x| temporary)."""
-        if torch.onnx.is_in_onnx_export():
-            # (the dynamo exporter cannot translate the aminmax reduce_amax uses,
-            # nor an amax without dims)
-            return inputs.detach().abs().amax(dim=tuple(range(inputs.dim())))
-        return reduce_amax(inputs, axis=None)
+    _tensor_amax = staticmethod(_input_amax.tensor_amax)
 
     def _broadcastable(self, amax: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        # A per-channel amax stored flat (shape (C,)) is laid along the quantizer's axis.
-        if amax.dim() == 1 and amax.numel() > 1 and isinstance(self._axis, int) and inputs.dim() > 1:
-            shape = [1] * inputs.dim()
-            shape[self._axis % inputs.dim()] = amax.numel()
-            return amax.reshape(shape)
-        return amax
+        return _input_amax.broadcastable(self._spec, amax, inputs)
 
-    # -- block quantization -------------------------------------------------------------
     def _blocked_view(self, inputs: torch.Tensor) -> Tuple[torch.Tensor, List[int]]:
-        """``inputs`` reshaped so that each block is a trailing run of one axis,
-        with the positions of the within-block axes."""
-        assert self._block_sizes is not None  # (only block quantizers get here)
-        shape: List[int] = []
-        inner: List[int] = []
-        nd = inputs.dim()
-        axes = _core.resolve_axes(tuple(self._block_sizes), nd, "block_sizes axis")
-        blocks = dict(zip(axes, self._block_sizes.values()))
-        for d, n in enumerate(inputs.shape):
-            if d not in blocks:
-                shape.append(n)
-                continue
-            size = (n or 1) if blocks[d] is None else blocks[d]  # (an empty axis is one empty block)
-            if n % size:
-                raise ValueError(f"block_sizes[{d}] = {size} does not divide the input's size {n} along axis {d}")
-            shape += [n // size, size]
-            inner.append(len(shape) - 1)
-        return inputs.reshape(shape), inner
+        return _input_amax.blocked_view(self._spec, inputs)
 
     def _block_amax(self, blocked: torch.Tensor, inner: List[int]) -> torch.Tensor:
-        amax = self._buffers.get("_amax")
+        """The amax of each block: the buffer's, or computed from ``blocked`` when dynamic."""
         if self._computes_amax():
-            return reduce_amax(blocked, axis=tuple(inner), keepdims=True).detach().reshape(
-                [1 if d in inner else n for d, n in enumerate(blocked.shape)])
+            return _input_amax.block_amax(blocked, inner)
+        amax = self._buffers.get("_amax")
         assert amax is not None  # (not _computes_amax(): the buffer is set)
         amax = amax.to(blocked.device) if amax.device != blocked.device else amax
         return amax.detach() if amax.requires_grad else amax
 
     def _kernel_block(self) -> Optional[Tuple[int, Optional[int]]]:
-        """``(axis, block_size)`` when the blocks run along one axis, which
-        ``fake_quantize_blockwise`` computes dynamically in one pass; else None. A
-        ``block_size`` of None is the whole axis (per token, the size read per input)."""
-        if self._block_sizes is None or len(self._block_sizes) != 1:
-            return None
-        (axis, size), = self._block_sizes.items()
-        return axis, size
+        """``QuantSpec.kernel_block``: the one axis of dynamic blocks and their size, or None."""
+        return self._spec.kernel_block
 
     # -- forward ------------------------------------------------------------------------
     def _configure(self) -> None:
         """Chooses the numeric path and value rule (nn/_schemes.py) of this configuration."""
-        self._values = _schemes.choose_values(self._num_bits, self._fake_quant)
-        self._path = _schemes.choose_path(self)
+        self._values = _schemes.choose_values(self._spec)
+        self._path = _schemes.choose_path(self._spec)
 
     def _quantize(self, inputs: torch.Tensor, amax: torch.Tensor, check_values: bool = True) -> torch.Tensor:
         """``inputs`` quantized with ``amax`` by the value rule (torch's own operators
@@ -541,7 +298,10 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         if (values is _schemes.FAKE_INTEGER and TensorQuantizer._use_fb_fake_quant
                 and not (self._export_mode() or torch.onnx.is_in_onnx_export())):
             values = _schemes.TORCH_NATIVE
-        return values(self, inputs, amax, check_values)
+        outputs, scale = values(self._spec, inputs, amax, check_values)
+        if scale is not None:  # (real quantization: pytorch-quantization's ``scale``)
+            self._scale = scale
+        return outputs
 
     def _quant_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self._path(self, inputs)
@@ -553,7 +313,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         # (``scale_bits``), so they collect per tensor.
         if self._calibrator is None:
             raise RuntimeError("calibration is on but this quantizer has no calibrator")
-        if self._block_sizes is not None and not (self._dynamic and self._kernel_block() is not None):
+        if self._spec.block_sizes is not None and not (self._spec.dynamic and self._kernel_block() is not None):
             blocked, inner = self._blocked_view(inputs.detach())
             # one amax per block: every axis but the within-block ones is kept
             # (a MaxCalibrator: the descriptor refuses block_sizes with calib_method='histogram')
@@ -564,7 +324,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     def _check_onnx_readiness(self, inputs: torch.Tensor) -> None:
         if self._disabled or not self._if_quant:
             return
-        if self.amax is None and not self._learn_amax and not self._dynamic:
+        if self.amax is None and not self._spec.learn_amax and not self._spec.dynamic:
             raise RuntimeError("ONNX export needs calibrated quantizers: this TensorQuantizer has no amax "
                                "(calibrate and load_calib_amax() first, or make it dynamic to export a "
                                "scale computed from each input)")
@@ -590,7 +350,7 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
         if self._if_calib:
             self._collect(inputs)
         if self._if_clip:
-            if not self._learn_amax:
+            if not self._spec.learn_amax:
                 raise RuntimeError("the clip stage needs learn_amax=True")
             outputs = self.clip(inputs)
         if self._if_quant:
@@ -609,68 +369,55 @@ class TensorQuantizer(nn.Module, metaclass=_Switches):
     def extra_repr(self) -> str:
         if self._disabled:
             return "disabled"
-        s = ("unsigned " if self._unsigned else "") + f"{self._num_bits}bit"
-        s += " narrow" if self._narrow_range else ""
-        s += " fake" if self._fake_quant else ""
-        s += f" axis={self._axis}" if self._axis is not None else " per-tensor"
-        s += f" block_sizes={self._block_sizes}" if self._block_sizes is not None else ""
+        s = ("unsigned " if self._spec.unsigned else "") + f"{self._spec.num_bits}bit"
+        s += " narrow" if self._spec.narrow_range else ""
+        s += " fake" if self._spec.fake_quant else ""
+        s += f" axis={self._spec.axis}" if self._spec.axis is not None else " per-tensor"
+        s += f" block_sizes={self._spec.block_sizes}" if self._spec.block_sizes is not None else ""
         s += f" amax={self._short_amax()}"
-        s += " dynamic-amax" if self._dynamic else ""
-        s += f" *{self._scale_amax}" if self._scale_amax else ""
+        s += " dynamic-amax" if self._spec.dynamic else ""
+        s += f" *{self._spec.scale_amax}" if self._spec.scale_amax else ""
         s += " pre_quant_scale" if self.pre_quant_scale is not None else ""
-        s += " learned" if self._learn_amax else ""
+        s += " learned" if self._spec.learn_amax else ""
         s += f" calibrator={type(self._calibrator).__name__}" if self._calibrator is not None else ""
-        s += f" scale={self._scale}" if self._scale is not None and not self._fake_quant else ""
+        s += f" scale={self._scale}" if self._scale is not None and not self._spec.fake_quant else ""
         s += " quant" if self._if_quant else ""
         s += " clip" if self._if_clip else ""
         s += " calib" if self._if_calib else ""
         return s
 
-    def _apply(self, fn: Any, recurse: bool = True) -> TensorQuantizer:
-        # model.half() / .bfloat16() would round amax to 8 or 11 bits of mantissa,
-        # moving every quantization step; keep it float32 (devices still follow).
-        amax = self._buffers.get("_amax")
-        out = super()._apply(fn, recurse)
-        moved = self._buffers.get("_amax")
-        if amax is not None and moved is not None and moved.dtype != amax.dtype and amax.dtype == torch.float32:
-            self._buffers["_amax"] = amax.to(moved.device)
-        return out
-
     def __getstate__(self) -> Dict[str, Any]:
         # The schemes are chosen again on loading: a pickled quantizer holds module and
         # calibrator state only (loadable with weights_only once those classes are trusted).
+        # The spec is pickled as its fields ("_num_bits", ..., the names pytorch-quantization's
+        # quantizers pickle), so that a pickled model holds module and calibrator classes only.
         state = self.__dict__.copy()  # (object.__getstate__ is Python >= 3.11)
         state.pop("_values", None)
         state.pop("_path", None)
+        spec = state.pop("_spec")
+        state.update({f"_{f.name}": getattr(spec, f.name) for f in dataclasses.fields(spec)})
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        state = dict(state)
+        fields = {f.name: state.pop(f"_{f.name}", f.default) for f in dataclasses.fields(QuantSpec)}
         super().__setstate__(state)
+        self._spec = QuantSpec(**fields)
         self._configure()
 
-    # The buffers a checkpoint may bring to a quantizer that lacks them.
-    _LOADABLE_BUFFERS = ("_amax", "_pre_quant_scale")
 
-    def _make_room(self, name: str, shape: Sequence[int]) -> None:
-        """Registers buffer ``name`` (one of ``_LOADABLE_BUFFERS``) with ``shape``,
-        zero-filled float32 on this module's device, unless it has that shape already."""
-        shape = torch.Size(shape)
-        dst = self._buffers.get(name)
-        if dst is None or dst.shape != shape:
-            device = dst.device if dst is not None else self._state_device(torch.device("cpu"))
-            self._buffers.pop(name, None)
-            self.register_buffer(name, torch.zeros(shape, dtype=torch.float32, device=device))
 
-    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
-                              strict: bool, missing_keys: List[str], unexpected_keys: List[str],
-                              error_msgs: List[str]) -> None:
-        # amax and pre_quant_scale are data, not architecture: a checkpoint may
-        # bring them to a quantizer that has none yet (still dynamic), or with
-        # another shape (per channel instead of per tensor). Make room for them
-        # on this module's device (pytorch-quantization forces CUDA here).
-        for name in self._LOADABLE_BUFFERS:
-            src = state_dict.get(prefix + name)
-            if isinstance(src, torch.Tensor):
-                self._make_room(name, src.shape)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+def _spec_field(name: str) -> property:
+    def get(self: TensorQuantizer) -> Any:
+        return getattr(self._spec, name)
+
+    def set_(self: TensorQuantizer, value: Any) -> None:
+        self._update_spec(**{name: value})
+
+    return property(get, set_, doc=f"``spec.{name}``, under pytorch-quantization's private name")
+
+
+# pytorch-quantization's private names of the configuration (``q._num_bits``, ...), which
+# scripts read: views of the spec. (Pickles hold them too: see __getstate__.)
+for _field in dataclasses.fields(QuantSpec):
+    setattr(TensorQuantizer, f"_{_field.name}", _spec_field(_field.name))

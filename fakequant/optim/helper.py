@@ -18,6 +18,14 @@ def _check_patterns(patterns: Sequence[str], name: str = "patterns") -> List[Pat
     return [re.compile(p) for p in patterns]
 
 
+def _check_patterns_list(patterns_list: Any) -> List[List[Pattern[str]]]:
+    """``patterns_list`` compiled, checked before anything else (as pytorch-quantization did)."""
+    if not isinstance(patterns_list, (list, tuple)) or not all(isinstance(p, list) for p in patterns_list):
+        raise TypeError(f"patterns_list must be list of list of patterns (a list of lists of regular "
+                        f"expressions), got {patterns_list!r}")
+    return [_check_patterns(p) for p in patterns_list]
+
+
 def _check_model(model: Any) -> torch.nn.Module:
     # pytorch-quantization failed on model.named_parameters() (AttributeError), when the
     # optimizer read the group; here at the call, naming the argument, as both types.
@@ -65,23 +73,22 @@ def group_parameters(
         A list of dicts for ``torch.optim`` (``[{"params": ..., "lr": ...}, ...]``).
 
     Raises:
-        TypeAndAttributeError: if ``model`` is not a module (pytorch-quantization:
-            AttributeError, once the optimizer read the group).
+        TypeError: if ``patterns_list`` is not a list of lists of patterns (checked first).
         TypeAndValueError: if ``lrs``, ``momentums`` or ``weight_decays`` has another
             length than ``patterns_list`` (pytorch-quantization: TypeError).
+        TypeAndAttributeError: if ``model`` is not a module (pytorch-quantization:
+            AttributeError, once the optimizer read the group).
     """
-    _check_model(model)
-    groups: List[Dict[str, Any]] = []
-    for patterns in patterns_list:
-        if not isinstance(patterns, list):
-            raise TypeError(f"patterns_list must be a list of lists of patterns, got an item {patterns!r}")
-        groups.append({"params": list(match_parameters(model, patterns))})
-    for key, values in (("lr", lrs), ("momentum", momentums), ("weight_decay", weight_decays)):
-        if values is None:
-            continue
+    compiled = _check_patterns_list(patterns_list)
+    per_group = [(key, values) for key, values in (("lr", lrs), ("momentum", momentums),
+                                                   ("weight_decay", weight_decays)) if values is not None]
+    for key, values in per_group:
         if len(values) != len(patterns_list):
             raise TypeAndValueError(f"{key}s has {len(values)} values for {len(patterns_list)} groups "
                                     f"(len({key}s) must match len(patterns_list))")
+    _check_model(model)
+    groups: List[Dict[str, Any]] = [{"params": list(_matching(model, patterns))} for patterns in compiled]
+    for key, values in per_group:
         for group, value in zip(groups, values):
             group[key] = value
     return groups

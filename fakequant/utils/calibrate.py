@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sized
 
 import torch
 
-from ..calib import MaxCalibrator, _distributed
+from ..calib import HistogramCalibrator, MaxCalibrator, _distributed
 from ..calib.histogram import METHODS as HISTOGRAM_METHODS
 from ..nn.quantizer_list import QuantizerList
 from ..nn.tensor_quantizer import TensorQuantizer
@@ -15,7 +15,7 @@ from ..nn.tensor_quantizer import TensorQuantizer
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["calibrate", "collect_stats", "compute_amax"]
+__all__ = ["calibrate", "collect_stats", "compute_amax", "calibrate_weights"]
 
 def _quantizers(model: torch.nn.Module) -> List[Tuple[str, TensorQuantizer]]:
     if not isinstance(model, torch.nn.Module):
@@ -301,7 +301,7 @@ def _histograms_for(
     per_tensor = 0
     for _, q in quantizers:
         calibrator = q._calibrator
-        if calibrator is None or q._axis is not None or q._block_sizes is not None:
+        if calibrator is None or q.spec.axis is not None or q.spec.block_sizes is not None:
             continue
         per_tensor += 1
         if isinstance(calibrator, MaxCalibrator):
@@ -311,3 +311,46 @@ def _histograms_for(
         raise ValueError(f"calibrate(method={method!r}): no quantizer of this model is per tensor, and the "
                          "histogram methods set a per-tensor amax; use method='max'")
     return swapped
+
+
+def calibrate_weights(
+    model: torch.nn.Module,
+    method: str = "percentile",
+    perchannel: bool = True,
+    percentile: float = 99.99,
+    num_bins: int = 2048,
+) -> None:
+    """Sets the weight amax of every quantized module in ``model`` from its weight.
+
+    Args:
+        model: a module holding quantized modules (with ``weight`` and ``weight_quantizer``).
+        method: ``"max"``, ``"percentile"``, ``"mse"`` or ``"entropy"``; this, not the
+            weight quantizer's own calibrator, decides the method.
+        perchannel: one amax per output channel (axis 1 for transposed
+            convolutions, 0 otherwise) if True, else one per tensor.
+        percentile: for ``method="percentile"``.
+        num_bins: histogram bins.
+
+    Any module with a ``weight`` tensor and a ``weight_quantizer`` qualifies;
+    torch's ``transposed`` attribute of convolutions says where their output
+    channels are. The quantizer's ``num_bits``, ``unsigned`` and ``narrow_range``
+    set the calibration's.
+    """
+    if method not in HISTOGRAM_METHODS:
+        raise ValueError(f"method must be one of {list(HISTOGRAM_METHODS)}, got {method!r}")
+    for module in model.modules():
+        quantizer = getattr(module, "weight_quantizer", None) if hasattr(module, "_weight_quantizer") else None
+        # (a module whose quantizer sees its weight in another layout, GPT-2's Conv1D, says so)
+        view = getattr(module, "_weight_for_quantizer", None)
+        weight = view() if callable(view) else getattr(module, "weight", None)
+        if quantizer is None or not isinstance(weight, torch.Tensor):
+            continue
+        axis = (1 if getattr(module, "transposed", False) else 0) if perchannel else None
+        calibrator = HistogramCalibrator(quantizer.num_bits, axis, quantizer.unsigned, num_bins=num_bins,
+                                         narrow_range=quantizer.narrow_range)
+        calibrator.collect(weight)
+        if method == "percentile":
+            amax = calibrator.compute_amax("percentile", percentile=percentile)
+        else:
+            amax = calibrator.compute_amax(method)
+        quantizer._set_amax_buffer(amax)
