@@ -19,15 +19,16 @@ imports fakequant before transformers and only loads calls ``fakequant.pretraine
 """
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
 from .nn.tensor_quantizer import TensorQuantizer
 from .tensor_quant import QuantDescriptor
 
-__all__ = ["QUANT_METHOD", "amax_shapes", "attach", "is_pretrained_model", "recipe_kwargs", "register",
+__all__ = ["QUANT_METHOD", "amax_shapes", "attach", "detached", "is_pretrained_model", "recipe_kwargs", "register",
            "set_converter"]
 
 QUANT_METHOD = "fakequant"
@@ -177,3 +178,27 @@ def attach(model: Any, recipe: Dict[str, Any], quantizer: Any = None) -> None:
     model.hf_quantizer = quantizer
     model.is_quantized = True
     model.quantization_method = QUANT_METHOD
+
+
+@contextlib.contextmanager
+def detached(model: Any) -> Iterator[Any]:
+    """``model`` without fakequant's ``quantization_config`` and ``hf_quantizer`` inside the
+    block (restored after): for writers of other checkpoint formats, whose
+    ``save_pretrained(state_dict=...)`` transformers would otherwise replace with the
+    quantizer's."""
+    saved = {name: getattr(model, name) for name in ("hf_quantizer", "is_quantized", "quantization_method")
+             if name in vars(model)}
+    config = getattr(model, "config", None)
+    had_config = config is not None and hasattr(config, "quantization_config")
+    quantization_config = getattr(config, "quantization_config", None)
+    try:
+        for name in saved:
+            delattr(model, name)
+        if had_config:
+            del config.quantization_config
+        yield model
+    finally:
+        for name, value in saved.items():
+            setattr(model, name, value)
+        if had_config:
+            config.quantization_config = quantization_config

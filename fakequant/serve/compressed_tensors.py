@@ -23,7 +23,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from .. import _core
+from .. import _core, pretrained
 from .. import nn as quant_nn
 from ..nn.tensor_quantizer import TensorQuantizer
 
@@ -505,7 +505,8 @@ def export_compressed_tensors(model: torch.nn.Module, directory: Union[str, "os.
 
     os.makedirs(directory, exist_ok=True)
     hf_model: Any = model
-    hf_model.save_pretrained(directory, state_dict=state, max_shard_size=max_shard_size)
+    with pretrained.detached(hf_model):  # (compressed-tensors' quantization_config, not fakequant's)
+        hf_model.save_pretrained(directory, state_dict=state, max_shard_size=max_shard_size)
     ModelCompressor(quantization_config=config).update_config(os.fspath(directory))
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
