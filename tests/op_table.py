@@ -117,6 +117,8 @@ class Variant:
     name: str
     args: Callable[[torch.Tensor], tuple]  # x -> the operator's arguments
     per_tensor: bool = False  # the arguments suit an input of any shape
+    packed: bool = True  # the mask output (where there is one) is packed at 1 bit per element
+    clips: bool = True  # some sample elements fall outside the range: the mask has both values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -513,7 +515,7 @@ TABLE: List[OpEntry] = [
             Variant("affine_per_channel", lambda x: (x, channels(x, [0.02, 0.05, 0.08, 0.03]),
                                                      channels(x, [0, -2, 4], torch.int32), 1, -16, 15)),
             Variant("affine_unsigned_bool_mask", lambda x: (x, vector(x, 0.02), vector(x, 1, torch.int32), None,
-                                                            0, 255, False), per_tensor=True),
+                                                            0, 255, False), per_tensor=True, packed=False),
         ],
         reference=_ref_affine,
         compiled=[
@@ -611,15 +613,16 @@ TABLE: List[OpEntry] = [
         wrapper=fakequant.ops.fake_quantize_blockwise,
         variants=[
             Variant("blockwise_int8_ragged", lambda x: (x, 4, 8, False, True, 0, None, True, False, False),
-                    per_tensor=True),
+                    per_tensor=True, clips=False),
             # unsigned: the negative elements clip, so the mask has both values
             Variant("blockwise_uint3", lambda x: (x, 3, 3, True, False, 0, None, True, False, False), per_tensor=True),
             Variant("blockwise_nvfp4", lambda x: (x, 16, 4, False, True, 2, scalar(x, 2.0), True, False, False),
                     per_tensor=True),
-            Variant("blockwise_fp8", lambda x: (x, 16, 8, False, True, 4, None, True, False, False), per_tensor=True),
+            Variant("blockwise_fp8", lambda x: (x, 16, 8, False, True, 4, None, True, False, False),
+                    per_tensor=True, clips=False),
             Variant("blockwise_mxfp4", lambda x: (x, 32, 4, False, True, 2, None, True, True, False), per_tensor=True),
             Variant("blockwise_centered_int8", lambda x: (x, max(x.shape[-1:] or (1,)), 8, False, False, 0, None,
-                                                          True, False, True), per_tensor=True),
+                                                          True, False, True), per_tensor=True, clips=False),
         ],
         reference=_ref_blockwise,
         # (the layout is kept only where each block is contiguous in memory: fakequant/ops/blockwise.py)
