@@ -737,7 +737,7 @@ def _short(v):
         kind = "meta " if v.device.type == "meta" else ""
         text = f"{kind}{str(v.dtype).replace('torch.', '')}{list(v.shape)}"
         if v.numel() <= 3 and v.device.type != "meta":
-            text += ":" + "/".join(f"{float(e):g}" for e in v.reshape(-1).tolist())
+            text += ":" + "/".join(f"{e:g}" if isinstance(e, float) else str(e) for e in v.reshape(-1).tolist())
         return text
     return str(v)
 
