@@ -17,6 +17,16 @@ def test_bad_operator_arguments(entry, case):
         entry.op(*case.arguments(entry.invalid_base()))
 
 
+@pytest.mark.parametrize("entry,case", [p for p in INVALID if p[0].rules is not None],
+                         ids=op_table.invalid_ids([p for p in INVALID if p[0].rules is not None]))
+def test_invalid_cases_break_the_rules(entry, case):
+    """The fuzz tests' rules reject each invalid case, naming its argument, and call it a
+    check of values (skipped on CUDA unless FAKEQUANT_CHECK_VALUES=1) exactly where the case does."""
+    bad = op_table.violations(entry, case.arguments(entry.invalid_base()))
+    assert any(case.match in name for name in bad), (bad, case.match)
+    assert all(name.startswith("value:") for name in bad) == case.value, bad
+
+
 def test_python_wrappers_raise_the_same():
     with pytest.raises(ValueError, match="scale"):
         fakequant.fake_quantize_per_tensor_affine(x, -1.0, 0, -128, 127)
