@@ -2,7 +2,8 @@
 entry per format the export covers, each a module whose outputs are what its quantizers
 compute (so ONNX Runtime is compared with PyTorch per quantizer), with the opsets each
 format allows. The quantizer cases come from the single-quantizer tests
-(test_onnx_qdq.py's Zoo, test_onnx_fp8_block.py's CASES); the model cases are whole
+(test_onnx_qdq.py's Zoo, test_onnx_fp8_block.py's CASES) and the operator cases from the
+op table (tests/op_table.py); the model cases are whole
 quantized models (torch.ao QAT modules, transformers presets), compared with ONNX Runtime
 through the graph of ``fakequant.onnx.export``.
 
@@ -16,6 +17,7 @@ import torch
 
 import fakequant
 import fakequant.ao
+import op_table
 import test_onnx_fp8_block as fp8_block
 import test_onnx_qdq as qdq
 from fakequant.nn import TensorQuantizer
@@ -71,41 +73,10 @@ def _bits():
     return Outputs(*qs)
 
 
-class _Affine(torch.nn.Module):
-    """torch's fake-quant family (fakequant's replacements), the cachemask forms included."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("scale", torch.tensor([0.01, 0.02, 0.03, 0.05]))
-        self.register_buffer("zero_point", torch.tensor([0, -5, 7, 1], dtype=torch.int32))
-
-    def forward(self, x):
-        return (fakequant.fake_quantize_per_tensor_affine(x, 0.02, 3, 0, 255),
-                fakequant.fake_quantize_per_channel_affine(x, self.scale, self.zero_point, 1, -128, 127),
-                fakequant.fake_quantize_per_tensor_affine_cachemask(x, 0.05, -2, -128, 127)[0],
-                fakequant.fake_quantize_per_channel_affine_cachemask(x, self.scale, self.zero_point, 1, -128, 127)[0],
-                fakequant.ops._fake_quantize_learnable_per_tensor_affine(
-                    x, torch.tensor([0.03]), torch.tensor([4.0]), 0, 255, 1.0))
-
-
 def _pact(amax=3.0):
     """A learned range: pytorch-quantization's learn_amax (PACT-style clipping, LSQ-like
     gradient of the amax)."""
     return TensorQuantizer(QuantDescriptor(num_bits=8, learn_amax=True, amax=amax))
-
-
-def _lsq():
-    """LSQ with a learned scale (one per channel) and a fixed zero point."""
-    scale = torch.nn.Parameter(torch.tensor([0.01, 0.02, 0.03, 0.05]))
-
-    class Lsq(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.scale = scale
-
-        def forward(self, x):
-            return fakequant.fake_quantize_lsq(x, self.scale, 3, 1, -128, 127, grad_factor=1.0)
-    return Lsq()
 
 
 def _ao_qat(fused: bool):
@@ -213,16 +184,17 @@ CASES: Dict[str, Case] = {
     # int 3..8 bits per tensor and per channel, unsigned, narrow, affine, min/max, quantize_amax
     "qdq_zoo": Case(qdq.Zoo, _qdq_inputs),
     "int_2_5_12_16_bits": Case(_bits, _qdq_inputs),
-    "torch_affine_family": Case(_Affine, _qdq_inputs),
     "learned_amax": Case(lambda: Outputs(_pact()), _qdq_inputs),
     # two learned ranges on one tensor (the dynamo exporter's optimizer once lost their bounds)
     "two_learned_amax": Case(lambda: Outputs(_pact(), _pact(2.0)), _qdq_inputs),
-    "lsq_learned_scale": Case(_lsq, _qdq_inputs),
     "ao_prepare_qat_fused": Case(_ao_qat(True), _ao_inputs, kind="model"),
     "ao_prepare_qat_fake_quantize": Case(_ao_qat(False), _ao_inputs, kind="model"),
     "pytorch_quantization_flow": Case(_pytorch_quantization_flow(False), _ao_inputs, kind="model"),
     "pytorch_quantization_flow_fb": Case(_pytorch_quantization_flow(True), _ao_inputs, kind="model"),
 }
+# the operators' own cases (the op table's; those on test_onnx_fp8_block's inputs come with its CASES)
+for _name, _case in op_table.onnx_cases("qdq").items():
+    CASES[_name] = Case(_case.make, _qdq_inputs, _case.min_opset, _case.exporters)
 for _name, (_make, _min_opset, _exporters, _) in fp8_block.CASES.items():
     CASES[_name] = Case(_make, fp8_block.inputs, _min_opset, tuple(_exporters), dynamic_batch=False)
 _FAST_PRESETS = {("W8A8", True), ("NVFP4", False)}

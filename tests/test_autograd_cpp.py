@@ -5,34 +5,23 @@ import pytest
 import torch
 
 import fakequant
+import op_table
 from conftest import DEVICES, assert_same
 
 ops = torch.ops.fakequant
 
 
-def _calls(device):
-    amax = torch.tensor(2.0, device=device)
-    s, z = torch.tensor(0.02, device=device), torch.tensor(3, dtype=torch.int32, device=device)
-    lo, hi = torch.tensor(-1.0, device=device), torch.tensor(2.0, device=device)
-    return {
-        "affine": lambda x: ops.fake_quantize_affine(x, s, z, None, -128, 127),
-        "affine bool mask": lambda x: ops.fake_quantize_affine(x, s, z, None, -128, 127, False),
-        "amax": lambda x: ops.fake_quantize_amax(x, amax),
-        "quantize_amax": lambda x: ops.quantize_amax(x, amax),
-        "min_max": lambda x: ops.fake_quantize_min_max(x, lo, hi),
-        "fp8": lambda x: ops.fake_quantize_fp8(x, amax),
-        "blockwise": lambda x: ops.fake_quantize_blockwise(x, 4),
-    }
+# Every sample call of the op table (tests/op_table.py) whose backward is the mask's.
+MASKED = op_table.variants(lambda e, v: e.backward == "mask" and e.name != "mask_backward")
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", list(_calls("cpu")))
-def test_gradient_is_grad_where_mask(device, name):
+@pytest.mark.parametrize("entry,variant", MASKED, ids=op_table.variant_ids(MASKED))
+def test_gradient_is_grad_where_mask(device, entry, variant):
     # Every masked op: grad_fn from C++, the mask without a gradient, and the input's
     # gradient grad where the mask is set, whatever layout the gradient arrives in.
-    call = _calls(device)[name]
     x = (torch.randn(6, 8, device=device) * 3).t().requires_grad_()  # a transposed output layout
-    y, mask = call(x)
+    y, mask = entry.op(*variant.args(x))
     assert "MaskedFunction" in y.grad_fn.name()  # the C++ node
     assert not mask.requires_grad
     for grad in (torch.randn(8, 6, device=device), torch.randn(6, 8, device=device).t(),

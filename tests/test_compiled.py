@@ -9,62 +9,21 @@ import pytest
 import torch
 
 import fakequant
+import op_table
 from conftest import DEVICES, DTYPES, assert_same
 from fakequant import _composite
 
 pytestmark = pytest.mark.slow  # minutes of Inductor compilation
 
-SPECIAL = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-30, -1e-30, 2.5, -2.5, 2.5 / 127 * 0.5,
-           -2.5 / 127 * 0.5, 2.5 / 127 * 1.5, 1e4, -1e4, 3.0, -3.0]
+# Each public call of the op table (tests/op_table.py) as a function of its input: (name, fn).
+# One compiled graph runs them all.
+OPS = op_table.compiled_calls()
 
 
 def inputs(dtype, device):
-    """One input per layout: 4-D contiguous, channels-last, and a transposed 2-D view."""
-    g = torch.Generator().manual_seed(0)
-    base = (torch.randn(2, 8, 6, 5, generator=g, dtype=torch.float64) * 2).to(dtype)
-    flat = base.view(-1)
-    flat[: len(SPECIAL)] = torch.tensor(SPECIAL, dtype=torch.float64).to(dtype)
-    flat[-len(SPECIAL):] = torch.tensor(SPECIAL[::-1], dtype=torch.float64).to(dtype)
-    base = base.to(device)
-    return {"contiguous": base, "channels_last": base.to(memory_format=torch.channels_last),
-            "transposed": base.reshape(16, 30).t()}
-
-
-def per_channel(x, values):
-    """A parameter of one value per index of dimension 1 (cycled), shaped to broadcast."""
-    n = x.shape[1]
-    shape = [1] * x.dim()
-    shape[1] = n
-    return torch.tensor([values[i % len(values)] for i in range(n)], device=x.device).reshape(shape)
-
-
-def channel_vector(x, values, dtype=torch.float32):
-    n = x.shape[1]
-    return torch.tensor([values[i % len(values)] for i in range(n)], device=x.device, dtype=dtype)
-
-
-# Each op as a function of its input: (name, fn). One compiled graph runs them all.
-OPS = [
-    ("amax per tensor", lambda x: fakequant.fake_quantize_amax(x, torch.tensor(2.5, device=x.device))),
-    ("amax per channel, 4-bit unsigned", lambda x: fakequant.fake_quantize_amax(
-        x, per_channel(x, [2.5, 0.0, 1e-30, 100.0]), 4, True)),
-    ("amax 8-bit wide range", lambda x: fakequant.fake_quantize_amax(
-        x, torch.tensor(3.0, device=x.device), 8, False, False)),
-    ("fp8 E4M3", lambda x: fakequant.fake_quantize_fp8(x, torch.tensor(2.5, device=x.device))),
-    ("fp8 E5M2 per channel", lambda x: fakequant.fake_quantize_fp8(x, per_channel(x, [2.5, 1000.0]), 5, 2)),
-    ("fp6 E3M2", lambda x: fakequant.fake_quantize_fp8(x, torch.tensor(3.0, device=x.device), 3, 2)),
-    ("affine per tensor", lambda x: fakequant.fake_quantize_per_tensor_affine(x, 0.02, 3, -128, 127)),
-    ("affine per channel", lambda x: fakequant.fake_quantize_per_channel_affine(
-        x, channel_vector(x, [0.02, 0.5, 1e-3]), channel_vector(x, [0, 7, 255], torch.int32), 1, 0, 255)),
-    ("min/max", lambda x: fakequant.fake_quantize_min_max(
-        x, torch.tensor(-1.0, device=x.device), torch.tensor(2.5, device=x.device), 4)),
-    ("blockwise int4 blocks of 16", lambda x: fakequant.fake_quantize_blockwise(x, 16, 4)),
-    ("blockwise NVFP4", lambda x: fakequant.fake_quantize_blockwise(
-        x, 16, 4, exponent_bits=2, scale_amax=torch.tensor(100.0, device=x.device))),
-    ("blockwise MXFP8", lambda x: fakequant.fake_quantize_blockwise(x, 32, 8, exponent_bits=4, e8m0_scale=True)),
-    ("blockwise per token int8 centered", lambda x: fakequant.fake_quantize_blockwise(
-        x, x.shape[-1], 8, narrow_range=False, centered=True)),
-]
+    """One input per layout: 4-D contiguous, channels-last, and a transposed 2-D view, holding
+    NaN, +-inf, +-0, ties and values beyond the range (op_table.sample_input)."""
+    return dict(op_table.samples(dtype, device, ("contiguous", "channels_last", "transposed"), special=True))
 
 
 def run_all(xs):

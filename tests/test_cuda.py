@@ -2,7 +2,8 @@
 (the rest of the operator suite runs on cuda through conftest.DEVICES), CUDA
 graph capture of forward and backward without a device synchronisation,
 tensors over 2^31 and 2^32 elements, inputs that are not 16-byte aligned, and
-the value-check switch (FAKEQUANT_CHECK_VALUES). Skipped without a GPU."""
+the value-check switch (FAKEQUANT_CHECK_VALUES); and every sample call and invalid
+argument of the op table (tests/op_table.py). Skipped without a GPU."""
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import fakequant
+import op_table
 import reference as ref
 from conftest import DTYPES, bits_equal
 
@@ -200,6 +202,63 @@ def test_ties_equal_cpu(dtype):
         check_same(lambda t, sc: ops.fake_quantize_affine(t, sc, torch.zeros(1, dtype=torch.int32, device=t.device), None, -128, 127),
                    x, torch.tensor([s], dtype=torch.float32), what=f"ties s={s}")
         check_same(lambda t, a: ops.fake_quantize_amax(t, a, 8, False, False), x, torch.tensor(127 * s), what=f"amax ties s={s}")
+
+
+# --- every sample call of the op table (tests/op_table.py), every layout ------------------------
+
+TABLE_CALLS = op_table.variants()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("entry,variant", TABLE_CALLS, ids=op_table.variant_ids(TABLE_CALLS))
+def test_table_calls_equal_cpu(entry, variant, dtype):
+    for layout in op_table.LAYOUTS:
+        x, xg = op_table.sample_input(layout, dtype, "cpu"), op_table.sample_input(layout, dtype, "cuda")
+        assert x.stride() == xg.stride()
+        cpu_args, gpu_args = variant.args(x), variant.args(xg)
+        expected, actual = entry.op(*cpu_args), entry.op(*gpu_args)
+        if isinstance(expected, torch.Tensor):
+            expected, actual = (expected,), (actual,)
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            what = f"{variant.name} {layout} output {i}"
+            if i in entry.reduced_outputs:
+                torch.testing.assert_close(a.cpu(), e, rtol=1e-6, atol=0, equal_nan=True, msg=what)
+            else:
+                assert_bits_equal(a, e, what)
+        if entry.stateful:  # the buffers it updated
+            for i, (a, e) in enumerate(zip(gpu_args, cpu_args)):
+                if isinstance(e, torch.Tensor) and i > 0:
+                    assert_bits_equal(a, e, f"{variant.name} {layout} argument {i}")
+
+
+INVALID_METADATA = [p for p in op_table.invalid_cases() if not p[1].value]
+
+
+@pytest.mark.parametrize("entry,case", INVALID_METADATA, ids=op_table.invalid_ids(INVALID_METADATA))
+def test_table_invalid_arguments_on_cuda(entry, case):
+    """The op table's invalid arguments (but the checks of values) on CUDA tensors raise as on the CPU."""
+    args = [op_table.to_device(a, "cuda") for a in case.arguments(entry.invalid_base())]
+    with pytest.raises(case.exc, match=case.match):
+        entry.op(*args)
+
+
+def test_table_value_checks_raise_with_checks_on():
+    """With FAKEQUANT_CHECK_VALUES=1, each invalid parameter value of the op table raises on
+    CUDA tensors as on the CPU."""
+    out = run_python(
+        """
+        import pytest, op_table
+        cases = [(e, c) for e, c in op_table.invalid_cases() if c.value]
+        for entry, case in cases:
+            args = [op_table.to_device(a, "cuda") for a in case.arguments(entry.invalid_base())]
+            with pytest.raises(case.exc, match=case.match):
+                entry.op(*args)
+        print("raised", len(cases))
+        """,
+        env={"FAKEQUANT_CHECK_VALUES": "1"},
+    )
+    expected = sum(c.value for _, c in op_table.invalid_cases())
+    assert expected > 0 and f"raised {expected}" in out
 
 
 # --- inputs that are not 16-byte aligned -------------------------------------------------

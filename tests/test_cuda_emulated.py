@@ -26,6 +26,7 @@ import os
 import pytest
 import torch
 
+import op_table
 from conftest import DTYPES, assert_same
 
 LIB = os.environ.get("FAKEQUANT_EMULATED_LIB")
@@ -92,17 +93,10 @@ def test_quantize_sizes(n, dtype, pack, offset):
     cpu_and_cuda("fake_quantize_affine", x, t(0.05), t(3), None, -128, 127, pack)
 
 
-FAMILIES = {
-    "min_max": lambda x: ("fake_quantize_min_max", x, t(-2.5), t(3.0), 4),
-    "amax": lambda x: ("fake_quantize_amax", x, t(3.0), 8, False, True),
-    "amax_unsigned": lambda x: ("fake_quantize_amax", x, t(3.0), 4, True, False),
-    "quantize_amax": lambda x: ("quantize_amax", x, t(3.0), 8, False, True),
-    "fp8_e4m3": lambda x: ("fake_quantize_fp8", x, t(3.0), 4, 3),
-    "fp8_e5m2": lambda x: ("fake_quantize_fp8", x, t(3.0), 5, 2),
-    "fp6_e3m2": lambda x: ("fake_quantize_fp8", x, t(3.0), 3, 2),
-    "fp6_e2m3": lambda x: ("fake_quantize_fp8", x, t(3.0), 2, 3),
-    "lsq": lambda x: ("fake_quantize_lsq", x, t(0.05), t(2.0), None, -128, 127, 1.0),
-}
+# Every per-tensor sample call of the op table (tests/op_table.py) but the stateful
+# ones (the fused observer, which updates its buffers: test_fused_observer below).
+FAMILIES = {variant.name: (entry, variant) for entry, variant in op_table.variants(
+    lambda e, v: v.per_tensor and not e.stateful)}
 
 
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
@@ -110,7 +104,8 @@ FAMILIES = {
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_quantize_families(family, dtype, n, offset):
-    cpu_and_cuda(*FAMILIES[family](data(n, dtype, offset=offset)))
+    entry, variant = FAMILIES[family]
+    cpu_and_cuda(entry.name, *variant.args(data(n, dtype, offset=offset)))
 
 
 def channel_params(x, axis, dtype=torch.float32):

@@ -3,106 +3,28 @@ import pytest
 import torch
 
 import fakequant
+import op_table
 
-ops = torch.ops.fakequant
 x = torch.randn(4, 3, 5)
-s1, z1 = torch.tensor([0.1]), torch.tensor([0], dtype=torch.int32)
-amax = torch.tensor(1.0)
+
+# Every operator's invalid arguments, from the op table (tests/op_table.py).
+INVALID = op_table.invalid_cases()
 
 
-def affine(**kw):
-    args = dict(input=x, scale=s1, zero_point=z1, axis=None, quant_min=-128, quant_max=127)
-    args.update(kw)
-    return ops.fake_quantize_affine(*args.values())
+@pytest.mark.parametrize("entry,case", INVALID, ids=op_table.invalid_ids(INVALID))
+def test_bad_operator_arguments(entry, case):
+    with pytest.raises(case.exc, match=case.match):
+        entry.op(*case.arguments(entry.invalid_base()))
 
 
-BAD_AFFINE = [
-    (dict(scale=torch.tensor([0.0])), ValueError, "scale"),
-    (dict(scale=torch.tensor([-0.5])), ValueError, "scale"),
-    (dict(scale=torch.tensor([float("nan")])), ValueError, "scale"),
-    (dict(scale=torch.tensor([float("inf")])), ValueError, "scale"),
-    (dict(scale=torch.tensor([1e-50], dtype=torch.float64)), ValueError, "scale"),  # 0 as float32
-    (dict(quant_min=10, quant_max=5), ValueError, "quant_min"),
-    (dict(quant_min=-(2**40)), ValueError, "quant_min"),
-    (dict(zero_point=torch.tensor([200])), ValueError, "zero_point"),
-    (dict(zero_point=torch.tensor([0.5])), ValueError, "zero_point"),
-    (dict(zero_point=torch.tensor([True])), TypeError, "zero_point"),
-    (dict(axis=3, scale=torch.ones(3), zero_point=torch.zeros(3)), IndexError, "axis"),
-    (dict(axis=-4, scale=torch.ones(3), zero_point=torch.zeros(3)), IndexError, "axis"),
-    (dict(axis=1, scale=torch.ones(4), zero_point=torch.zeros(4)), ValueError, "scale"),
-    (dict(axis=1, scale=torch.ones(3), zero_point=torch.zeros(2)), ValueError, "zero_point"),
-    (dict(scale=torch.ones(2), zero_point=torch.zeros(2)), ValueError, "scale"),
-    (dict(input=torch.ones(3, dtype=torch.int32)), TypeError, "input"),
-    (dict(input=torch.ones(3, dtype=torch.complex64)), TypeError, "input"),
-    (dict(scale=torch.tensor([1], dtype=torch.int32)), TypeError, "scale"),
-    (dict(scale=torch.tensor([1.0], device="meta")), ValueError, "scale"),
-    (dict(zero_point=torch.tensor([0], device="meta")), ValueError, "zero_point"),
-]
-
-
-@pytest.mark.parametrize("kwargs,exc,name", BAD_AFFINE)
-def test_bad_affine_arguments(kwargs, exc, name):
-    with pytest.raises(exc, match=name):
-        affine(**kwargs)
-
-
-BAD_AMAX = [
-    (dict(amax=torch.tensor(-1.0)), ValueError, "amax"),
-    (dict(amax=torch.tensor(float("nan"))), ValueError, "amax"),
-    (dict(amax=torch.tensor([1.0, -2.0, 1.0])), ValueError, "amax"),
-    (dict(amax=torch.ones(4, 1, 2)), ValueError, "amax"),  # not broadcastable
-    (dict(amax=torch.ones(4, 3, 5, 1)), ValueError, "amax"),  # more dims than input
-    (dict(amax=torch.ones(4, 2, 1)), ValueError, "amax"),
-    (dict(amax=torch.tensor(1, dtype=torch.int64)), TypeError, "amax"),
-    (dict(num_bits=1), ValueError, "num_bits"),
-    (dict(num_bits=17), ValueError, "num_bits"),
-    (dict(input=torch.ones(3, dtype=torch.int64)), TypeError, "input"),
-    (dict(amax=torch.tensor(1.0, device="meta")), ValueError, "amax"),
-]
-
-
-@pytest.mark.parametrize("op", [ops.fake_quantize_amax, ops.quantize_amax])
-@pytest.mark.parametrize("kwargs,exc,name", BAD_AMAX)
-def test_bad_amax_arguments(op, kwargs, exc, name):
-    args = dict(input=x, amax=amax, num_bits=8, unsigned=False, narrow_range=True)
-    args.update(kwargs)
-    with pytest.raises(exc, match=name):
-        op(*args.values())
-
-
-@pytest.mark.parametrize(
-    "kwargs,exc,name",
-    [
-        (dict(min_range=torch.tensor(1.0), max_range=torch.tensor(1.0)), ValueError, "max_range"),
-        (dict(min_range=torch.tensor(2.0), max_range=torch.tensor(1.0)), ValueError, "max_range"),
-        (dict(max_range=torch.tensor(float("inf"))), ValueError, "max_range"),
-        (dict(min_range=torch.ones(7)), ValueError, "min_range"),
-        (dict(max_range=torch.ones(2, 1, 1)), ValueError, "max_range"),
-        (dict(num_bits=0), ValueError, "num_bits"),
-        (dict(min_range=torch.tensor(0)), TypeError, "min_range"),
-    ],
-)
-def test_bad_min_max_arguments(kwargs, exc, name):
-    args = dict(input=x, min_range=torch.tensor(-1.0), max_range=torch.tensor(1.0), num_bits=8)
-    args.update(kwargs)
-    with pytest.raises(exc, match=name):
-        ops.fake_quantize_min_max(*args.values())
-
-
-@pytest.mark.parametrize(
-    "grad,mask,exc,name",
-    [
-        (torch.ones(10), torch.zeros(1, dtype=torch.uint8), ValueError, "mask"),
-        (torch.ones(10), torch.zeros(2, 1, dtype=torch.uint8), ValueError, "mask"),
-        (torch.ones(10), torch.zeros(9, dtype=torch.bool), ValueError, "mask"),
-        (torch.ones(10), torch.zeros(2, dtype=torch.int32), TypeError, "mask"),
-        (torch.ones(10, dtype=torch.int32), torch.zeros(2, dtype=torch.uint8), TypeError, "grad"),
-        (torch.ones(10), torch.zeros(2, dtype=torch.uint8, device="meta"), ValueError, "mask"),
-    ],
-)
-def test_bad_mask_backward_arguments(grad, mask, exc, name):
-    with pytest.raises(exc, match=name):
-        ops.mask_backward(grad, mask)
+@pytest.mark.parametrize("entry,case", [p for p in INVALID if p[0].rules is not None],
+                         ids=op_table.invalid_ids([p for p in INVALID if p[0].rules is not None]))
+def test_invalid_cases_break_the_rules(entry, case):
+    """The fuzz tests' rules reject each invalid case, naming its argument, and call it a
+    check of values (skipped on CUDA unless FAKEQUANT_CHECK_VALUES=1) exactly where the case does."""
+    bad = op_table.violations(entry, case.arguments(entry.invalid_base()))
+    assert any(case.match in name for name in bad), (bad, case.match)
+    assert all(name.startswith("value:") for name in bad) == case.value, bad
 
 
 def test_python_wrappers_raise_the_same():

@@ -4,7 +4,7 @@ matches the plain-PyTorch reference (reference.py), bit for bit with the mask an
 the gradient, or raises ValueError/TypeError/IndexError naming the argument.
 
 Which calls are valid is decided from the arguments actually built, by the rules
-the README states (``violations_*`` below), so an argument that is invalid by
+the README states (each operator's ``rules`` in tests/op_table.py), so an argument that is invalid by
 accident (an integer zero point rounded by float32, a float64 scale that is 0 as
 float32) is caught as well as the deliberate mutations.
 
@@ -22,11 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fakequant
-import reference as ref
+import op_table
 from conftest import DEVICES, assert_same, bits_equal
 from fakequant import tensor_quant
 from fakequant.tensor_quant import QuantDescriptor
 from fakequant.utils import reduce_amax
+from op_table import FLOATS, INT32_MAX, INT32_MIN
 
 ops = torch.ops.fakequant
 
@@ -44,10 +45,8 @@ settings.register_profile(
 )
 FUZZ = settings.get_profile("fakequant-fuzz" if EXAMPLES else "fakequant-ci")
 
-FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 NOT_FLOATS = [torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
 CLEAN = (ValueError, TypeError, IndexError)
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 # Cases run per test, and how many were valid: written for `make fuzz`.
 COUNTS = {}
@@ -186,92 +185,11 @@ def grad_check(fn, x, expected_mask, pass_through=False):
     assert_same(gx, expected)
 
 
-# --- the rules (README, csrc/include/fakequant/arg_checks.h): which arguments are invalid, and their names -----
+# --- the operators: their rules (which arguments are invalid, and their names) and references --------
 
-
-def _device_and_dtype(x, params, xname="input"):
-    bad = set()
-    if x.dtype not in FLOATS:
-        bad.add(xname)
-    for name, t in params.items():
-        if t.device != x.device:
-            bad.add(name)
-    return bad
-
-
-def _broadcasts(p, x):
-    if p.dim() > x.dim():
-        return False
-    return all(ps == xs or ps == 1 for ps, xs in zip(reversed(p.shape), reversed(x.shape)))
-
-
-def violations_affine(x, scale, zp, axis, qmin, qmax):
-    bad = _device_and_dtype(x, {"scale": scale, "zero_point": zp})
-    if not scale.dtype.is_floating_point:
-        bad.add("scale")
-    if zp.dtype == torch.bool or zp.dtype.is_complex:
-        bad.add("zero_point")
-    if qmin > qmax or qmin < INT32_MIN or qmax > INT32_MAX:
-        bad.add("quant_min")
-    channels = 1
-    if axis is not None:
-        if not -x.dim() <= axis < x.dim():
-            return bad | {"axis"}
-        channels = x.shape[axis]
-    if scale.numel() != channels:
-        bad.add("scale")
-    if zp.numel() != channels:
-        bad.add("zero_point")
-    if bad or scale.device.type == "meta" or zp.device.type == "meta":
-        return bad
-    s = scale.detach().cpu().float()
-    if not bool((torch.isfinite(s) & (s > 0)).all()):
-        bad.add("value:scale")
-    z = zp.detach().cpu().double()
-    if not bool(((z == z.round()) & (z >= qmin) & (z <= qmax)).all()):
-        bad.add("value:zero_point")
-    return bad
-
-
-def violations_amax(x, amax, num_bits):
-    bad = _device_and_dtype(x, {"amax": amax})
-    if not amax.dtype.is_floating_point:
-        bad.add("amax")
-    if not 2 <= num_bits <= 16:
-        bad.add("num_bits")
-    if not _broadcasts(amax, x):
-        bad.add("amax")
-    if bad or amax.device.type == "meta":
-        return bad
-    a = amax.detach().cpu().float()
-    if not bool((torch.isfinite(a) & (a >= 0)).all()):
-        bad.add("value:amax")
-    return bad
-
-
-def violations_min_max(x, lo, hi, num_bits):
-    bad = _device_and_dtype(x, {"min_range": lo, "max_range": hi})
-    for name, t in (("min_range", lo), ("max_range", hi)):
-        if not t.dtype.is_floating_point or not _broadcasts(t, x):
-            bad.add(name)
-    if not 2 <= num_bits <= 16:
-        bad.add("num_bits")
-    if bad or lo.device.type == "meta" or hi.device.type == "meta":
-        return bad
-    step = (hi.detach().cpu().float() - lo.detach().cpu().float()) / float(2**num_bits - 1)
-    if not bool((torch.isfinite(step) & (step > 0)).all()):
-        bad |= {"value:min_range", "value:max_range"}
-    return bad
-
-
-def violations_mask(grad, mask):
-    bad = _device_and_dtype(grad, {"mask": mask}, "grad")
-    if mask.dtype == torch.bool:
-        if mask.shape != grad.shape:
-            bad.add("mask")
-    elif mask.dtype != torch.uint8 or mask.dim() != 1 or mask.numel() != (grad.numel() + 7) // 8:
-        bad.add("mask")
-    return bad
+AFFINE, AMAX, QUANTIZE_AMAX, MIN_MAX, MASK, FP8, BLOCKWISE, LSQ, LSQ_BACKWARD = (op_table.OPS[name] for name in (
+    "fake_quantize_affine", "fake_quantize_amax", "quantize_amax", "fake_quantize_min_max", "mask_backward",
+    "fake_quantize_fp8", "fake_quantize_blockwise", "fake_quantize_lsq", "fake_quantize_lsq_backward"))
 
 
 # --- parameters -------------------------------------------------------------------------
@@ -377,7 +295,7 @@ def test_fuzz_affine(case, pack, wrapper):
         scale = torch.tensor(numbers[0], dtype=torch.float32, device=x.device)
         zp = torch.tensor(numbers[1], dtype=torch.int32, device=x.device)
         mutation = None
-    bad = violations_affine(x, scale, zp, axis, qmin, qmax)
+    bad = AFFINE.rules(x, scale, zp, axis, qmin, qmax)
     assert bad or mutation is None, f"the mutation {mutation} left the arguments valid"
     count("affine", not bad)
 
@@ -406,7 +324,7 @@ def test_fuzz_affine(case, pack, wrapper):
         expect_rejected(call, bad, x.device)
         return
     y, mask = call()
-    ey, emask = ref.fake_quantize_affine(x, scale.float(), zp, None if axis is None else axis % x.dim(), qmin, qmax)
+    ey, emask = AFFINE.reference((x, scale, zp, axis, qmin, qmax))
     assert_same(y, ey)
     check_layout(y, x)
     if mask is not None:
@@ -484,7 +402,7 @@ def test_fuzz_amax(case, wrapper):
     if wrapper == "number" and amax.dim() == 0 and amax.device.type != "meta" and amax.dtype.is_floating_point:
         a_arg = float(amax)  # the wrapper makes it a float32 tensor
         amax = torch.tensor(a_arg, dtype=torch.float32, device=x.device)
-    bad = violations_amax(x, amax, num_bits)
+    bad = AMAX.rules(x, amax, num_bits)
     assert bad or mutation is None or a_arg is not amax, f"the mutation {mutation} left the arguments valid"
     count("amax", not bad)
     args = (num_bits, unsigned, narrow)
@@ -521,8 +439,7 @@ def test_fuzz_amax(case, wrapper):
         return
     y, second = call()
     assert fakequant.amax_bound(num_bits, unsigned) == bound
-    rfn = ref.quantize_amax if quantize else ref.fake_quantize_amax
-    ey, emask = rfn(x, amax, num_bits, unsigned, narrow)
+    ey, emask = (QUANTIZE_AMAX if quantize else AMAX).reference((x, amax, num_bits, unsigned, narrow))
     assert_same(y, ey)
     check_layout(y, x)
     if wrapper in ("op", "quantize_op"):
@@ -581,7 +498,7 @@ def min_max_case(draw):
 @FUZZ
 def test_fuzz_min_max(case, wrapper):
     x, lo, hi, num_bits, mutation = case
-    bad = violations_min_max(x, lo, hi, num_bits)
+    bad = MIN_MAX.rules(x, lo, hi, num_bits)
     assert bad or mutation is None, f"the mutation {mutation} left the arguments valid"
     count("min_max", not bad)
 
@@ -596,7 +513,7 @@ def test_fuzz_min_max(case, wrapper):
         expect_rejected(call, bad, x.device)
         return
     y, mask = call()
-    ey, emask = ref.fake_quantize_min_max(x, lo, hi, num_bits)
+    ey, emask = MIN_MAX.reference((x, lo, hi, num_bits))
     assert_same(y, ey)
     check_layout(y, x)
     if mask is not None:
@@ -640,7 +557,7 @@ def mask_case(draw):
 @FUZZ
 def test_fuzz_mask_backward(case, wrapper):
     grad, mask, mutation = case
-    bad = violations_mask(grad, mask)
+    bad = MASK.rules(grad, mask)
     assert bad or mutation is None, f"the mutation {mutation} left the arguments valid"
     count("mask_backward", not bad)
     fn = {"op": ops.mask_backward, "mask_backward": fakequant.mask_backward,
@@ -650,8 +567,7 @@ def test_fuzz_mask_backward(case, wrapper):
         return
     out = fn(grad, mask)
     # Bit i of a packed mask belongs to element i, in memory order, of the output.
-    keep = mask if mask.dtype == torch.bool else fakequant.unpack_mask(mask, torch.empty_like(grad))
-    assert_same(out, torch.where(keep, grad, torch.zeros_like(grad)))
+    assert_same(out, MASK.reference((grad, mask))[0])
 
 
 @given(x=tensors(), data=st.data())
@@ -662,7 +578,7 @@ def test_fuzz_fake_quant_onnxruntime_contract(x, data):
     zp = data.draw(st.integers(qmin, qmax))
     count("fake_quant", True)
     y, mask = fakequant.fake_quant(x, scale, zp, qmin, qmax)
-    ey, emask = ref.fake_quantize_affine(x, torch.tensor(scale, dtype=torch.float32), zp, None, qmin, qmax)
+    ey, emask = AFFINE.reference((x, torch.tensor(scale, dtype=torch.float32), torch.tensor(zp), None, qmin, qmax))
     assert_same(y, ey)
     assert mask.dtype == torch.bool and bits_equal(mask.cpu(), emask.cpu())
     dy = torch.randn(x.shape, dtype=torch.float64).to(x.device, x.dtype)
@@ -721,7 +637,7 @@ def test_fuzz_descriptor_and_quantizer(kwargs, x):
             and not desc.dynamic and isinstance(desc.num_bits, int):
         amax = q.amax if desc.scale_amax is None else q.amax * desc.scale_amax
         amax = q._broadcastable(amax, x)
-        assert_same(y, ref.fake_quantize_amax(x, amax, desc.num_bits, desc.unsigned, desc.narrow_range)[0])
+        assert_same(y, AMAX.reference((x, amax, desc.num_bits, desc.unsigned, desc.narrow_range))[0])
 
 
 @given(x=tensors(device="cpu", modes=("normal", "special")),
@@ -765,7 +681,7 @@ def test_fuzz_fp8(x, fmt, amax, per_channel):
     else:
         a = torch.tensor(amax, device=x.device)
     y, mask = ops.fake_quantize_fp8(x, a, *fmt)
-    ey, emask = ref.fake_quantize_fp8(x, a, *fmt)
+    ey, emask = FP8.reference((x, a, *fmt))
     assert_same(y, ey)
     check_layout(y, x)
     assert bits_equal(fakequant.unpack_mask(mask, y), emask)
@@ -784,8 +700,8 @@ def test_fuzz_blockwise(x, block_size, elements, scale_amax, e8m0, centered):
     sa = None if scale_amax is None else torch.tensor(scale_amax, device=x.device)
     y, mask = ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa, True, e8m0,
                                           centered)
-    ey, emask = ref.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow, exponent_bits, sa, e8m0,
-                                            centered)
+    ey, emask = BLOCKWISE.reference((x, block_size, num_bits, unsigned, narrow, exponent_bits, sa, True, e8m0,
+                                     centered))
     assert_same(y, ey)
     assert bits_equal(fakequant.unpack_mask(mask, y), emask)
 
@@ -805,11 +721,10 @@ def test_fuzz_lsq_forward_and_gradients(x, data):
     zp = torch.randint(qmin, qmax + 1, (n,), generator=torch.Generator().manual_seed(3),
                        dtype=torch.int32).to(x.device)
     y = ops.fake_quantize_lsq(x, scale, zp, axis, qmin, qmax, 1.0)
-    ey, emask = ref.fake_quantize_affine(x, scale, zp, None if axis is None else axis % x.dim(), qmin, qmax)
-    assert_same(y, ey)
+    assert_same(y, LSQ.reference((x, scale, zp, axis, qmin, qmax, 1.0))[0])
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).to(x.device, x.dtype)
     gx, gs, gz = ops.fake_quantize_lsq_backward(g, x, scale, zp, axis, qmin, qmax, 1.0)
-    assert_same(gx, torch.where(emask, g, torch.zeros_like(g)))
+    assert_same(gx, LSQ_BACKWARD.reference((g, x, scale, zp, axis, qmin, qmax, 1.0))[0])
     assert gs.shape == scale.shape and gz.shape == zp.shape
 
 

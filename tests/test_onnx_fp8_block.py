@@ -21,6 +21,7 @@ import fakequant  # noqa: E402
 from fakequant.nn import TensorQuantizer  # noqa: E402
 from fakequant.onnx import ExportWarning  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
+import op_table  # noqa: E402
 from conftest import bits_equal  # noqa: E402
 
 FLOAT8E4M3FN, FLOAT8E5M2, INT4, INT8, UINT8 = 17, 19, 22, 3, 2
@@ -96,12 +97,11 @@ CASES = {
     # before the block QuantizeLinear and added after the DequantizeLinear
     "per_token_asym_int8": (lambda: quantizer(num_bits=8, **ASYM), 21, ("dynamo",), "block"),
     "per_token_asym_fp8": (lambda: quantizer(num_bits=(4, 3), **ASYM), 21, ("dynamo",), "block"),
-    "blocks_asym_e2m1": (lambda: Branch(lambda x: fakequant.fake_quantize_blockwise(
-        x, 16, 4, exponent_bits=2, centered=True)), 21, ("dynamo",), "arithmetic"),
-    "lsq_per_channel": (lambda: Branch(lambda x: fakequant.fake_quantize_lsq(
-        x, torch.tensor([0.01, 0.02, 0.03, 0.05]), torch.tensor([0, -5, 7, 1], dtype=torch.int32), 1, -128, 127)),
-        13, ("dynamo", "torchscript"), "qdq"),
 }
+
+# the operators' own cases (tests/op_table.py) that take these inputs
+CASES.update({name: (case.make, case.min_opset, case.exporters, case.graph)
+              for name, case in op_table.onnx_cases("fp8_block").items()})
 
 
 def inputs():

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fakequant
+import op_table
 from conftest import DEVICES, bits_equal
 from fakequant import nn as quant_nn
 from fakequant.tensor_quant import QuantDescriptor
@@ -36,12 +37,9 @@ def _cases(device):
     x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.5])
     xcl = rand(8, 16, 16, 16, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
     xh = rand(32, 33, 17, dtype=torch.float16)
-    xd = rand(4096, dtype=torch.float64)
+    xd = rand(64, 64, dtype=torch.float64).t()
     scale16 = (torch.rand(16, generator=g) * 0.05 + 0.01).to(device)
     zp16 = torch.randint(-5, 5, (16,), generator=g, dtype=torch.int32).to(device)
-    amax33 = (torch.rand(1, 33, 1, generator=g) * 3 + 0.1).to(device)
-    packed = ops.fake_quantize_amax(x, torch.tensor(2.0, device=device), 8, False, True)[1]
-    bool_mask = (torch.rand(64, 1024, generator=g) > 0.3).to(device)
     grad = rand(64, 1024)
 
     conv = quant_nn.Conv2d(16, 8, 3, padding=1).to(device)
@@ -66,21 +64,23 @@ def _cases(device):
             ops.fake_quantize_affine(x, scale16[:1], zp16[:1], None, 127, -128)
         return (torch.zeros(()),)
 
-    return {
-        "affine_per_tensor": lambda: ops.fake_quantize_affine(x, scale16[:1], zp16[:1], None, -128, 127),
-        "affine_bool_mask": lambda: ops.fake_quantize_affine(x, scale16[:1], zp16[:1] + 128, None, 0, 255, False),
-        "affine_per_channel_cl": lambda: ops.fake_quantize_affine(xcl, scale16, zp16, 1, -8, 7),
-        "amax_per_channel": lambda: ops.fake_quantize_amax(xh, amax33, 6, False, True),
-        "quantize_amax": lambda: ops.quantize_amax(xd, torch.tensor(1.5, device=device), 16, True, False),
-        "min_max": lambda: ops.fake_quantize_min_max(x, torch.tensor(-1.0, device=device),
-                                                     torch.tensor(2.5, device=device), 5),
-        "mask_backward_packed": lambda: (ops.mask_backward(grad, packed),),
-        "mask_backward_bool": lambda: (ops.mask_backward(grad, bool_mask),),
+    cases = {
         "backward": backward,
         "quantizer": lambda: (quantizer(xh),),
         "conv": conv_step,
         "bad_argument": bad_argument,
     }
+    # every sample call of the op table (tests/op_table.py) but the stateful ones, on large
+    # inputs of four dtypes and layouts in turn
+    inputs = [x, xcl, xh, xd]
+    for k, (entry, variant) in enumerate(op_table.variants(lambda e, v: not e.stateful)):
+        args = variant.args(inputs[k % len(inputs)])
+        cases[variant.name] = lambda op=entry.op, args=args: _outputs(op(*args))
+    return cases
+
+
+def _outputs(out):
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
 
 
 def _same(a, b):
