@@ -31,10 +31,10 @@ struct Geometry : BlockGeometry {
   int64_t rows_per_tile;  // a multiple of 8 / gcd(R, 8): tiles start on a mask byte
 };
 
-// The element rule's constants (passed by value into the loops: a copy in
-// registers, no reloads after every store) and the block scales'.
+// The rules of one call: the element rule's constants (passed by value into the
+// loops: a copy in registers, no reloads after every store) and the block scales'.
 template <typename C>
-struct Consts {
+struct BlockwiseRules {
   BlockRule<C> rule;
   BlockScaleRule scale;
   float g;  // the per-tensor scale of two-level scales (else 1)
@@ -176,7 +176,7 @@ struct Scratch {
 template <typename scalar_t, Format F, int kBS, bool kCentered>
 FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                          int64_t rows, const Geometry& geo,
-                                         const Consts<compute_t<scalar_t>>& c,
+                                         const BlockwiseRules<compute_t<scalar_t>>& c,
                                          Scratch<compute_t<scalar_t>>& sc) {
   using C = compute_t<scalar_t>;
   const int64_t R = geo.row_len, bs = kBS > 0 ? kBS : geo.block_size;
@@ -281,7 +281,7 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
 
 template <typename scalar_t, Format F, int kBS, bool kCentered = false>
 void blockwise_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const Geometry& geo,
-                    const Consts<compute_t<scalar_t>>& c) {
+                    const BlockwiseRules<compute_t<scalar_t>>& c) {
   const int64_t n = x.numel();
   const int64_t R = geo.row_len;
   const int64_t rows = n / R;
@@ -354,7 +354,7 @@ FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scala
 
 template <typename scalar_t, Format F>
 void long_blocks_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const Geometry& geo,
-                      const Consts<compute_t<scalar_t>>& c) {
+                      const BlockwiseRules<compute_t<scalar_t>>& c) {
   const int64_t n = x.numel();
   const int64_t R = geo.row_len, bs = geo.block_size, nb = geo.blocks_per_row;
   const int64_t nblocks = n / R * nb;
@@ -418,9 +418,10 @@ void blockwise_cpu(const BlockwiseJob& job) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, x.scalar_type(), "fakequant_blockwise", [&] {
         using C = compute_t<scalar_t>;
-        const Consts<C> c{{static_cast<C>(job.rule.quant_min), static_cast<C>(job.rule.quant_max),
-                           static_cast<C>(job.rule.float_limit)},
-                          job.scale, g, job.centered};
+        const BlockwiseRules<C> c{
+            {static_cast<C>(job.rule.quant_min), static_cast<C>(job.rule.quant_max),
+             static_cast<C>(job.rule.float_limit)},
+            job.scale, g, job.centered};
         with_blockwise_format(job.format, [&](auto format_tag) {
           constexpr Format F = decltype(format_tag)::value;
           if (geo.rows_per_tile * geo.row_len > kMaxTile) {
