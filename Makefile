@@ -109,8 +109,9 @@ $(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
 cuda-build: $(CUDA_BUILD)/.built
 
 # `make cuda-emulate`: the CUDA kernels executed on the CPU by our SIMT emulator
-# (csrc/cuda/simt_emulator.h). First the emulator's self-test (built plain, with
-# ASan/UBSan and with ThreadSanitizer, which must report a planted race), then
+# (tests/emulator/simt_emulator.h: test infrastructure, not shipped). First the
+# emulator's self-test (built plain, with ASan/UBSan and with ThreadSanitizer,
+# which must report a planted race), then
 # the device code of csrc/cuda compiled by the host compiler into a library of
 # its own (tools/emulate.py, under build/emulate) with AddressSanitizer + UBSan
 # and with ThreadSanitizer, each run through tests/test_cuda_emulated.py, which

@@ -1,5 +1,5 @@
 """The CUDA kernels (csrc/cuda) run on the CPU by the SIMT emulator
-(csrc/cuda/simt_emulator.h) and compared bit for bit with the CPU kernels.
+(tests/emulator/simt_emulator.h) and compared bit for bit with the CPU kernels.
 
 `make cuda-emulate` builds the emulation library (tools/emulate.py: the host
 functions of csrc/ops with the CUDA launch code and kernels compiled by the host

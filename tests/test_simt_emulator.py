@@ -1,4 +1,4 @@
-"""The SIMT emulator (csrc/cuda/simt_emulator.h) checked on its own: small kernels
+"""The SIMT emulator (tests/emulator/simt_emulator.h) checked on its own: small kernels
 exercise the block barrier, shared memory, every warp intrinsic and the atomics,
 and the errors it must report instead of hanging (divergence, a lane outside the
 mask, a misaligned vector access, too many threads). The same program built with

@@ -7,6 +7,8 @@ for the torch of the running Python. Checked:
   .cu file), setup.py, pyproject.toml, MANIFEST.in, every module of the package,
   py.typed, LICENSE, README.md and CHANGELOG.md; and no compiled library, object
   file, test or build leftover. Its version carries no torch label.
+- neither holds a file of the SIMT emulator (tests/emulator/: test infrastructure),
+  under any folder: no file named as one of them.
 - the wheel holds every module of the package, both compiled libraries, py.typed and
   the license; nothing from tests/, benchmarks/, tools/ or csrc/, and no build
   leftover. Its version is fakequant's with the local label naming the torch it was
@@ -30,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from setup import local_label, read_version  # noqa: E402  (setup() runs only as __main__)
 
 LEFTOVER = re.compile(r"(^|/)(__pycache__|build|dist|[^/]*\.egg-info)(/|$)|\.(so|o|pyc|pyd)$")
+EMULATOR = "tests/emulator"
 
 
 def source_files(top):
@@ -42,6 +45,15 @@ def source_files(top):
             if not re.search(r"\.(so|pyc)$", name):
                 found.add(str((Path(folder) / name).relative_to(ROOT)))
     return found
+
+
+def emulator_files(names):
+    """Those of `names` (paths in an archive) that are files of the SIMT emulator,
+    wherever they were put."""
+    emulator = {os.path.basename(p) for p in source_files(EMULATOR)}
+    if not emulator:
+        sys.exit(f"check_dist: no files under {EMULATOR}/: update EMULATOR")
+    return {n for n in names if os.path.basename(n) in emulator}
 
 
 def fail(problems, what):
@@ -66,6 +78,7 @@ def check_sdist(path, version):
     unwanted = {n for n in inside if n.startswith(("tests/", "benchmarks/", "tools/", "docs/", "examples/"))}
     unwanted |= {n for n in inside if LEFTOVER.search(n) and not n.startswith("fakequant.egg-info/")}
     fail(unwanted, f"{path.name} holds files it should not")
+    fail(emulator_files(inside), f"{path.name} holds the SIMT emulator ({EMULATOR}/), which is test infrastructure")
     meta = metadata(pkg_info)
     fail([] if meta["Version"] == version else [meta["Version"]], f"{path.name}: version is not {version}")
     print(f"sdist {path.name}: {len(inside)} files ({len(source_files('csrc'))} under csrc/), "
@@ -88,6 +101,7 @@ def check_wheel(path, version):
     fail({"fakequant/_C", "fakequant/_build"} - {n.split(".")[0] for n in libraries},
          f"{path.name} lacks a compiled library")
     fail([n for n in package if not n.startswith("fakequant/")], f"{path.name} holds files outside fakequant/")
+    fail(emulator_files(names), f"{path.name} holds the SIMT emulator ({EMULATOR}/), which is test infrastructure")
     fail([n for n in package if n not in libraries and LEFTOVER.search(n)], f"{path.name} holds build leftovers")
     release = torch.__version__.split("+")[0]
     problems = [] if meta["Version"] == full else [f"version {meta['Version']}, expected {full}"]

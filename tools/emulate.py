@@ -1,4 +1,4 @@
-"""The CUDA kernels of csrc/cuda built for the SIMT emulator (csrc/cuda/simt_emulator.h)
+"""The CUDA kernels of csrc/cuda built for the SIMT emulator (tests/emulator/simt_emulator.h)
 and run on the CPU: `make cuda-emulate`.
 
   python tools/emulate.py build VARIANT      builds build/emulate/VARIANT/libfakequant_emulated.so
@@ -8,7 +8,8 @@ and run on the CPU: `make cuda-emulate`.
 
 The library is the operators' host functions (csrc/ops, shared with the real
 build) and the CUDA launch code and kernels (csrc/cuda/*.cu compiled as C++ with
-FAKEQUANT_SIMT_EMULATOR), registered under the namespace `fakequant_emulated`
+FAKEQUANT_SIMT_EMULATOR, against the emulator and its runtime stand-ins in
+tests/emulator, which are test infrastructure and not shipped), registered under the namespace `fakequant_emulated`
 for CPU tensors: torch.ops.fakequant_emulated.fake_quantize_affine runs the CUDA
 kernel, torch.ops.fakequant.fake_quantize_affine the CPU one.
 
@@ -34,6 +35,8 @@ import sysconfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "build", "emulate")
+# simt_emulator.h and simt_runtime.h, which csrc/cuda/launch.cuh includes in the emulation build
+EMULATOR = os.path.join(ROOT, "tests", "emulator")
 CXX = os.environ.get("CXX", "g++")
 NAMESPACE = "fakequant_emulated"
 
@@ -118,7 +121,7 @@ def _q(args):
 
 
 def ninja_rules(cflags, ldflags, csrc):
-    includes = [f"-I{csrc}", f"-I{csrc}/include", f"-I{csrc}/cuda"]
+    includes = [f"-I{csrc}", f"-I{csrc}/include", f"-I{csrc}/cuda", f"-I{EMULATOR}"]
     return [
         "ninja_required_version = 1.3",
         f"cxx = {CXX}",

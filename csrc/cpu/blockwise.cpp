@@ -31,10 +31,10 @@ struct Geometry : BlockGeometry {
   int64_t rows_per_tile;  // a multiple of 8 / gcd(R, 8): tiles start on a mask byte
 };
 
-// The element rule's constants (passed by value into the loops: a copy in
-// registers, no reloads after every store) and the block scales'.
+// The rules of one call: the element rule's constants (passed by value into the
+// loops: a copy in registers, no reloads after every store) and the block scales'.
 template <typename C>
-struct Consts {
+struct BlockwiseRules {
   BlockRule<C> rule;
   BlockScaleRule scale;
   float g;  // the per-tensor scale of two-level scales (else 1)
@@ -86,45 +86,45 @@ inline Centered block_centered(const scalar_t* __restrict__ x, int64_t len) {
 }
 
 // One element of a block with scale s (the mask byte in m).
-template <Elem E, typename scalar_t, typename C>
+template <Format F, typename scalar_t, typename C>
 inline scalar_t quantize_element(scalar_t x, C s, uint8_t& m, const BlockRule<C> c) {
-  return static_cast<scalar_t>(blockwise_value<E>(static_cast<C>(x), s, c, m));
+  return static_cast<scalar_t>(blockwise_value<F>(static_cast<C>(x), s, c, m));
 }
 
 // A block of kLen (or len) elements sharing the scale s.
-template <Elem E, int kLen, typename scalar_t, typename C>
+template <Format F, int kLen, typename scalar_t, typename C>
 inline void quantize_block(const scalar_t* __restrict__ x, C s, scalar_t* __restrict__ y,
                            uint8_t* __restrict__ m, int64_t len, const BlockRule<C> c) {
   const int64_t n = kLen > 0 ? kLen : len;
-  for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<E>(x[k], s, m[k], c);
+  for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<F>(x[k], s, m[k], c);
 }
 
 // Two neighbouring blocks of kLen in one loop: GCC vectorises a 16-element
 // block with 128-bit vectors only, a 32-element loop with the widest.
-template <Elem E, int kLen, typename scalar_t, typename C>
+template <Format F, int kLen, typename scalar_t, typename C>
 inline void quantize_block_pair(const scalar_t* __restrict__ x, C s0, C s1,
                                 scalar_t* __restrict__ y, uint8_t* __restrict__ m,
                                 const BlockRule<C> c) {
   for (int64_t k = 0; k < 2 * kLen; ++k) {
-    y[k] = quantize_element<E>(x[k], k < kLen ? s0 : s1, m[k], c);
+    y[k] = quantize_element<F>(x[k], k < kLen ? s0 : s1, m[k], c);
   }
 }
 
 // A run of elements, each with its own scale s[k].
-template <Elem E, typename scalar_t, typename C>
+template <Format F, typename scalar_t, typename C>
 inline void quantize_run(const scalar_t* __restrict__ x, const C* __restrict__ s,
                          scalar_t* __restrict__ y, uint8_t* __restrict__ m, int64_t n,
                          const BlockRule<C> c) {
-  for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<E>(x[k], s[k], m[k], c);
+  for (int64_t k = 0; k < n; ++k) y[k] = quantize_element<F>(x[k], s[k], m[k], c);
 }
 
 // A run of elements of centered blocks: each with its own scale s[k] and centre b[k].
-template <Elem E, typename scalar_t, typename C>
+template <Format F, typename scalar_t, typename C>
 inline void quantize_run_centered(const scalar_t* __restrict__ x, const C* __restrict__ s,
                                   const C* __restrict__ b, scalar_t* __restrict__ y,
                                   uint8_t* __restrict__ m, int64_t n, const BlockRule<C> c) {
   for (int64_t k = 0; k < n; ++k) {
-    const C v = blockwise_value<E>(sub_rn(static_cast<C>(x[k]), b[k]), s[k], c, m[k]);
+    const C v = blockwise_value<F>(sub_rn(static_cast<C>(x[k]), b[k]), s[k], c, m[k]);
     y[k] = static_cast<scalar_t>(add_rn(v, b[k]));
   }
 }
@@ -173,10 +173,10 @@ struct Scratch {
 // blocks again. kBS > 0: every row is one block of kBS elements (a compile-time
 // trip count). kBS == 0: any geometry; the scales are spread over the elements
 // first, so that the elements are one run whatever the block size.
-template <typename scalar_t, Elem E, int kBS, bool kCentered>
+template <typename scalar_t, Format F, int kBS, bool kCentered>
 FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                          int64_t rows, const Geometry& geo,
-                                         const Consts<compute_t<scalar_t>>& c,
+                                         const BlockwiseRules<compute_t<scalar_t>>& c,
                                          Scratch<compute_t<scalar_t>>& sc) {
   using C = compute_t<scalar_t>;
   const int64_t R = geo.row_len, bs = kBS > 0 ? kBS : geo.block_size;
@@ -229,17 +229,17 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
     int64_t i = 0;
     for (; i + 1 < nblocks; i += 2) {
       const int64_t e = i * kBS;
-      quantize_block_pair<E, kBS>(x + e, static_cast<C>(scale[i]), static_cast<C>(scale[i + 1]),
+      quantize_block_pair<F, kBS>(x + e, static_cast<C>(scale[i]), static_cast<C>(scale[i + 1]),
                                   y + e, mask + e, rule);
     }
     if (i < nblocks) {
       const int64_t e = i * kBS;
-      quantize_block<E, kBS>(x + e, static_cast<C>(scale[i]), y + e, mask + e, kBS, rule);
+      quantize_block<F, kBS>(x + e, static_cast<C>(scale[i]), y + e, mask + e, kBS, rule);
     }
   } else if constexpr (kBS > 0) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t e = i * kBS;
-      quantize_block<E, kBS>(x + e, static_cast<C>(scale[i]), y + e, mask + e, kBS, rule);
+      quantize_block<F, kBS>(x + e, static_cast<C>(scale[i]), y + e, mask + e, kBS, rule);
     }
   } else {
     C* __restrict__ es = sc.element_scale.data();
@@ -256,9 +256,9 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
         for (int64_t j = 0; j + 1 < nb; ++j) fill(cr + j * bs, bs, static_cast<C>(center[i++]));
         fill(cr + (nb - 1) * bs, last, static_cast<C>(center[i++]));
       }
-      quantize_run_centered<E>(x, es, ec, y, mask, rows * R, rule);
+      quantize_run_centered<F>(x, es, ec, y, mask, rows * R, rule);
     } else {
-      quantize_run<E>(x, es, y, mask, rows * R, rule);
+      quantize_run<F>(x, es, y, mask, rows * R, rule);
     }
   }
 
@@ -279,9 +279,9 @@ FAKEQUANT_CPU_CLONES void blockwise_tile(const scalar_t* __restrict__ x, scalar_
   }
 }
 
-template <typename scalar_t, Elem E, int kBS, bool kCentered = false>
+template <typename scalar_t, Format F, int kBS, bool kCentered = false>
 void blockwise_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const Geometry& geo,
-                    const Consts<compute_t<scalar_t>>& c) {
+                    const BlockwiseRules<compute_t<scalar_t>>& c) {
   const int64_t n = x.numel();
   const int64_t R = geo.row_len;
   const int64_t rows = n / R;
@@ -296,7 +296,7 @@ void blockwise_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const 
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = t * tile_rows, nrows = std::min(rows, r0 + tile_rows) - r0;
       const int64_t e0 = r0 * R;  // a multiple of 8
-      blockwise_tile<scalar_t, E, kBS, kCentered>(xp + e0, yp + e0, nrows, geo, c, sc);
+      blockwise_tile<scalar_t, F, kBS, kCentered>(xp + e0, yp + e0, nrows, geo, c, sc);
       pack_bits(sc.mask.data(), nrows * R, mp + e0 / 8);
     }
   });
@@ -310,7 +310,7 @@ FAKEQUANT_CPU_CLONES float long_block_amax(const scalar_t* __restrict__ x, int64
 }
 
 // Elements [e0, e1) of memory, through the blocks they meet.
-template <typename scalar_t, Elem E>
+template <typename scalar_t, Format F>
 FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                            uint8_t* __restrict__ mask, int64_t e0, int64_t e1,
                                            const Geometry& geo, const float* scale,
@@ -329,7 +329,7 @@ FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scala
         zero_block_centered<scalar_t, C>(x + e, cb, y + e, mask + (e - e0), len);
       } else {
         for (int64_t k = 0; k < len; ++k) {
-          const C v = blockwise_value<E>(sub_rn(static_cast<C>(x[e + k]), cb), static_cast<C>(scale[b]),
+          const C v = blockwise_value<F>(sub_rn(static_cast<C>(x[e + k]), cb), static_cast<C>(scale[b]),
                                          rule, mask[e - e0 + k]);
           y[e + k] = static_cast<scalar_t>(add_rn(v, cb));
         }
@@ -337,7 +337,7 @@ FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scala
     } else if (degenerate[b]) {
       zero_block<scalar_t, C>(x + e, y + e, mask + (e - e0), len);
     } else {
-      quantize_block<E, 0>(x + e, static_cast<C>(scale[b]), y + e, mask + (e - e0), len, rule);
+      quantize_block<F, 0>(x + e, static_cast<C>(scale[b]), y + e, mask + (e - e0), len, rule);
     }
     e += len;
     col += len;
@@ -352,9 +352,9 @@ FAKEQUANT_CPU_CLONES void long_blocks_tile(const scalar_t* __restrict__ x, scala
   }
 }
 
-template <typename scalar_t, Elem E>
+template <typename scalar_t, Format F>
 void long_blocks_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, const Geometry& geo,
-                      const Consts<compute_t<scalar_t>>& c) {
+                      const BlockwiseRules<compute_t<scalar_t>>& c) {
   const int64_t n = x.numel();
   const int64_t R = geo.row_len, bs = geo.block_size, nb = geo.blocks_per_row;
   const int64_t nblocks = n / R * nb;
@@ -386,7 +386,7 @@ void long_blocks_loop(const at::Tensor& x, at::Tensor& y, at::Tensor& mask, cons
     std::vector<uint8_t> local(kTile);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t e0 = t * kTile, e1 = std::min(n, e0 + kTile);
-      long_blocks_tile<scalar_t, E>(xp, yp, local.data(), e0, e1, geo, scale.data(),
+      long_blocks_tile<scalar_t, F>(xp, yp, local.data(), e0, e1, geo, scale.data(),
                                     degenerate.data(), c.centered ? center.data() : nullptr, c.rule);
       pack_bits(local.data(), e1 - e0, mp + e0 / 8);
     }
@@ -418,26 +418,27 @@ void blockwise_cpu(const BlockwiseJob& job) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, x.scalar_type(), "fakequant_blockwise", [&] {
         using C = compute_t<scalar_t>;
-        const Consts<C> c{{static_cast<C>(job.rule.quant_min), static_cast<C>(job.rule.quant_max),
-                           static_cast<C>(job.rule.float_limit)},
-                          job.scale, g, job.centered};
-        with_elem(job.elem, [&](auto elem_tag) {
-          constexpr Elem E = decltype(elem_tag)::value;
+        const BlockwiseRules<C> c{
+            {static_cast<C>(job.rule.quant_min), static_cast<C>(job.rule.quant_max),
+             static_cast<C>(job.rule.float_limit)},
+            job.scale, g, job.centered};
+        with_blockwise_format(job.format, [&](auto format_tag) {
+          constexpr Format F = decltype(format_tag)::value;
           if (geo.rows_per_tile * geo.row_len > kMaxTile) {
-            long_blocks_loop<scalar_t, E>(x, y, mask, geo, c);
+            long_blocks_loop<scalar_t, F>(x, y, mask, geo, c);
             return;
           }
           if (c.centered) {
-            blockwise_loop<scalar_t, E, 0, true>(x, y, mask, geo, c);
+            blockwise_loop<scalar_t, F, 0, true>(x, y, mask, geo, c);
             return;
           }
           // Compile-time block sizes where every row is one block.
           switch (geo.blocks_per_row == 1 && geo.row_len == geo.block_size ? geo.block_size : 0) {
-            case 16: blockwise_loop<scalar_t, E, 16>(x, y, mask, geo, c); break;
-            case 32: blockwise_loop<scalar_t, E, 32>(x, y, mask, geo, c); break;
-            case 64: blockwise_loop<scalar_t, E, 64>(x, y, mask, geo, c); break;
-            case 128: blockwise_loop<scalar_t, E, 128>(x, y, mask, geo, c); break;
-            default: blockwise_loop<scalar_t, E, 0>(x, y, mask, geo, c); break;
+            case 16: blockwise_loop<scalar_t, F, 16>(x, y, mask, geo, c); break;
+            case 32: blockwise_loop<scalar_t, F, 32>(x, y, mask, geo, c); break;
+            case 64: blockwise_loop<scalar_t, F, 64>(x, y, mask, geo, c); break;
+            case 128: blockwise_loop<scalar_t, F, 128>(x, y, mask, geo, c); break;
+            default: blockwise_loop<scalar_t, F, 0>(x, y, mask, geo, c); break;
           }
         });
       });

@@ -81,11 +81,11 @@ __device__ __forceinline__ ScaleOf<C> block_scale(const LaunchGeometry& geo, uin
           static_cast<C>(center)};
 }
 
-template <Elem E, typename C>
+template <Format F, typename C>
 __device__ __forceinline__ C block_element(C xv, const ScaleOf<C>& b, const BlockRule<C>& rule,
                                            unsigned& bit) {
   const C xc = b.centered ? sub_rn(xv, b.center) : xv;
-  const C v = b.degenerate ? degenerate_value(xc, bit) : blockwise_value<E>(xc, b.s, rule, bit);
+  const C v = b.degenerate ? degenerate_value(xc, bit) : blockwise_value<F>(xc, b.s, rule, bit);
   return b.centered ? add_rn(v, b.center) : v;
 }
 
@@ -121,7 +121,7 @@ __device__ __forceinline__ void or_mask_bits(uint32_t* __restrict__ words, int64
 // K > 0: the block's elements stay in K registers per lane (blocks of at most
 // G * K elements); K == 0: any length below kLongBlock, read again for the
 // second pass.
-template <typename scalar_t, Elem E, int K>
+template <typename scalar_t, Format F, int K>
 __global__ void __launch_bounds__(kThreads)
     blockwise_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                      uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kThreads)
         } else {
           xv = static_cast<C>(x[start + i]);
         }
-        y[start + i] = static_cast<scalar_t>(block_element<E>(xv, b, rule, bit));
+        y[start + i] = static_cast<scalar_t>(block_element<F>(xv, b, rule, bit));
       }
       const unsigned ballot = __ballot_sync(kFullWarp, bit);
       if (geo.aligned_words) {
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads)
 // Blocks of kLongBlock elements or more: thread block b takes blocks b,
 // b + gridDim.x, ...; its threads stride through the block twice (the max,
 // then the elements), one warp's 32 consecutive elements at a time.
-template <typename scalar_t, Elem E>
+template <typename scalar_t, Format F>
 __global__ void __launch_bounds__(kThreads)
     blockwise_long_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                           uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t base = 0; base < len; base += kThreads) {
       const int64_t i = base + t;
       unsigned bit = 0;
-      if (i < len) y[start + i] = static_cast<scalar_t>(block_element<E>(static_cast<C>(x[start + i]), b, rule, bit));
+      if (i < len) y[start + i] = static_cast<scalar_t>(block_element<F>(static_cast<C>(x[start + i]), b, rule, bit));
       const unsigned ballot = __ballot_sync(kFullWarp, bit);
       const int64_t first = base + static_cast<int64_t>(warp) * kWarpSize;  // the warp's first element
       if (lane == 0 && first < len) {
@@ -295,12 +295,12 @@ void blockwise_cuda(const BlockwiseJob& job) {
                                 static_cast<C>(job.rule.float_limit)};
         const scalar_t* xp = job.x.const_data_ptr<scalar_t>();
         scalar_t* yp = job.y.mutable_data_ptr<scalar_t>();
-        with_elem(job.elem, [&](auto elem_tag) {
-          constexpr Elem E = decltype(elem_tag)::value;
-          auto* kernel = long_blocks            ? &blockwise_long_kernel<scalar_t, E>
-                         : geo.iterations == 1 ? &blockwise_kernel<scalar_t, E, 1>
-                         : geo.iterations <= 4 ? &blockwise_kernel<scalar_t, E, 4>
-                                               : &blockwise_kernel<scalar_t, E, 0>;
+        with_blockwise_format(job.format, [&](auto format_tag) {
+          constexpr Format F = decltype(format_tag)::value;
+          auto* kernel = long_blocks            ? &blockwise_long_kernel<scalar_t, F>
+                         : geo.iterations == 1 ? &blockwise_kernel<scalar_t, F, 1>
+                         : geo.iterations <= 4 ? &blockwise_kernel<scalar_t, F, 4>
+                                               : &blockwise_kernel<scalar_t, F, 0>;
           launch_kernel(kernel, blocks, stream, xp, yp, words, geo, rule, job.scale_amax);
         });
       });

@@ -2,7 +2,8 @@
 // Device code of the forward of the affine, min/max and amax families and of
 // mask_backward: the family's builder (contract.h) makes each parameter's
 // constants on the device, and one kernel applies the element rule
-// quantize_value (contract.h) with the output and mask as template constants.
+// quantize_value (contract.h) with the format, output and mask as template
+// constants.
 // Launches are in quantize.cu and mask_backward.cu; this header needs no CUDA
 // runtime API.
 //
@@ -187,7 +188,7 @@ __device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {
 // One lane's part of a warp tile: elements e0 .. e0 + V - 1. With V > 1 they
 // are all in range and 16-byte aligned; with V == 1, e0 may be past the end.
 // Every lane of the warp calls it together (the mask shuffles).
-template <int V, Output O, Window W, MaskOut M, typename scalar_t, typename Lookup>
+template <int V, Format F, Output O, Window W, MaskOut M, typename scalar_t, typename Lookup>
 __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
                                               scalar_t* __restrict__ y,
                                               uint8_t* __restrict__ mask, int64_t e0, int64_t n,
@@ -201,7 +202,7 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       unsigned m;
-      const C v = quantize_value<O, W>(static_cast<C>(in.v[k]), lookup.get(k), m);
+      const C v = quantize_value<F, O, W>(static_cast<C>(in.v[k]), lookup.get(k), m);
       out.v[k] = static_cast<scalar_t>(v);
       bits |= m << k;
     }
@@ -219,7 +220,7 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
 
 // Elements [0, n_vec) in tiles of 32 * kVec (vector loads), then [n_vec, n) in
 // tiles of 32 (scalar loads). n_vec is a multiple of 32 * kVec, so of 8.
-template <typename scalar_t, Output O, Window W, MaskOut M, typename Params>
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Params>
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                     uint8_t* __restrict__ mask, int64_t n, int64_t n_vec,
@@ -233,11 +234,11 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t vec_tiles = n_vec / kTileV;
   for (int64_t t = warp; t < vec_tiles; t += nwarps) {
-    quantize_lane<V, O, W, M>(x, y, mask, t * kTileV + lane * V, n, lookup, lane);
+    quantize_lane<V, F, O, W, M>(x, y, mask, t * kTileV + lane * V, n, lookup, lane);
   }
   const int64_t scalar_tiles = (n - n_vec + kWarpSize - 1) / kWarpSize;
   for (int64_t t = warp; t < scalar_tiles; t += nwarps) {
-    quantize_lane<1, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, lane);
+    quantize_lane<1, F, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, lane);
   }
 }
 

@@ -5,9 +5,10 @@
 // device, so CUDA graphs capture it.
 //
 // Two targets: nvcc for GPUs, and the host C++ compiler with
-// FAKEQUANT_SIMT_EMULATOR defined (tools/emulate.py), where simt_emulator.h
-// stands in for the device and simt_runtime.h for the few CUDA runtime calls,
-// and the kernels serve the CPU slots of a library of their own
+// FAKEQUANT_SIMT_EMULATOR defined (tools/emulate.py, which puts tests/emulator
+// on the include path), where tests/emulator/simt_emulator.h stands in for the
+// device and tests/emulator/simt_runtime.h for the few CUDA runtime calls, and
+// the kernels serve the CPU slots of a library of their own
 // (tests/test_cuda_emulated.py compares it with the CPU kernels).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

@@ -9,7 +9,7 @@ namespace fakequant {
 namespace gpu {
 namespace {
 
-template <typename scalar_t, Output O, Window W, MaskOut M, typename Params>
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Params>
 void launch_quantize(const QuantizeJob& job, const Params& params) {
   constexpr int V = kVec<scalar_t>;
   const int64_t n = job.x.numel();
@@ -23,7 +23,7 @@ void launch_quantize(const QuantizeJob& job, const Params& params) {
   const int64_t n_vec = vectorised ? n / (kWarpSize * V) * (kWarpSize * V) : 0;
   const int64_t tiles = std::max(n_vec / (kWarpSize * V), (n - n_vec + kWarpSize - 1) / kWarpSize);
   const unsigned blocks = grid_for(tiles, job.x.get_device());
-  launch_kernel(&quantize_kernel<scalar_t, O, W, M, Params>, blocks, at::cuda::getCurrentCUDAStream(),
+  launch_kernel(&quantize_kernel<scalar_t, F, O, W, M, Params>, blocks, at::cuda::getCurrentCUDAStream(),
                 xp, yp, mp, n, n_vec, params);
 }
 
@@ -31,13 +31,14 @@ void quantize_cuda(const QuantizeJob& job) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, job.x.scalar_type(), "fakequant_quantize_cuda", [&] {
         using C = compute_t<scalar_t>;
-        with_quantize_rule(job, [&](const auto& family, auto o, auto w, auto m) {
+        with_quantize_rule(job, [&](const auto& family, auto f, auto o, auto w, auto m) {
           using Family = std::decay_t<decltype(family)>;
+          constexpr Format F = decltype(f)::value;
           constexpr Output O = decltype(o)::value;
           constexpr Window W = decltype(w)::value;
           constexpr MaskOut M = decltype(m)::value;
           if (job.num_params == 1) {
-            launch_quantize<scalar_t, O, W, M>(job, UniformParams<C, Family>{family});
+            launch_quantize<scalar_t, F, O, W, M>(job, UniformParams<C, Family>{family});
             return;
           }
           const int64_t count = job.num_params;
@@ -49,7 +50,7 @@ void quantize_cuda(const QuantizeJob& job) {
                         family);
           // The caching allocator orders any reuse of `table` after this
           // stream's queued kernels, so it may be freed when this returns.
-          launch_quantize<scalar_t, O, W, M>(
+          launch_quantize<scalar_t, F, O, W, M>(
               job, TableParams<C>{tp, device_layout(job.layout), job.x.numel() < (int64_t{1} << 32)});
         });
       });

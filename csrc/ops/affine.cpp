@@ -18,7 +18,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_affine_family(const at::Tensor& inpu
   if (run_value_checks(input)) check_affine_values(s, z, quant_min, quant_max);
   return run_quantize(input, args.param_strides, args.channels,
                       AffineFamily{param_ptr(s), param_ptr(z), quant_min, quant_max},
-                      Output::kFake, mask_out);
+                      Format::kInt, Output::kFake, mask_out);
 }
 
 std::tuple<at::Tensor, at::Tensor> fake_quantize_affine(const at::Tensor& input,
@@ -43,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_min_max(const at::Tensor& input
   const auto param_strides = broadcast_param_strides(lo, "min_range", input);
   return run_quantize(input, param_strides, lo.numel(),
                       MinMaxFamily{param_ptr(lo), param_ptr(hi), min_max_levels(num_bits)},
-                      Output::kFake, MaskOut::kPacked);
+                      Format::kInt, Output::kFake, MaskOut::kPacked);
 }
 
 }  // namespace fakequant

@@ -11,13 +11,13 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> quantize_by_amax(const at::Tensor& input,
                                                     at::IntArrayRef param_strides,
                                                     const at::Tensor& amax, float bound,
-                                                    float quant_min, Output output,
-                                                    bool check_values) {
+                                                    float quant_min, Format format,
+                                                    Output output, bool check_values) {
   const DeviceScope scope(input);
   const at::Tensor a = param_tensor(amax);
   if (run_value_checks(input, check_values)) check_amax_values(a);
   return run_quantize(input, param_strides, a.numel(), AmaxFamily{param_ptr(a), bound, quant_min},
-                      output, MaskOut::kPacked);
+                      format, output, MaskOut::kPacked);
 }
 
 std::tuple<at::Tensor, at::Tensor> integer_amax(const at::Tensor& input, const at::Tensor& amax,
@@ -28,7 +28,7 @@ std::tuple<at::Tensor, at::Tensor> integer_amax(const at::Tensor& input, const a
   const int64_t bound = amax_bound(num_bits, is_unsigned);
   const int64_t quant_min = amax_quant_min(bound, is_unsigned, narrow_range);
   return quantize_by_amax(input, param_strides, amax, static_cast<float>(bound),
-                          static_cast<float>(quant_min), output, check_values);
+                          static_cast<float>(quant_min), Format::kInt, output, check_values);
 }
 
 }  // namespace
@@ -53,9 +53,9 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_fp8(const at::Tensor& input,
                                                      int64_t exponent_bits,
                                                      int64_t mantissa_bits, bool check_values) {
   std::vector<int64_t> param_strides;
-  const FloatFormat& format = check_fp8_args(input, amax, exponent_bits, mantissa_bits, param_strides);
-  return quantize_by_amax(input, param_strides, amax, format.max, -format.max,
-                          float_output_of(format), check_values);
+  const FloatFormat& f = check_fp8_args(input, amax, exponent_bits, mantissa_bits, param_strides);
+  return quantize_by_amax(input, param_strides, amax, f.max, -f.max, f.format, Output::kFake,
+                          check_values);
 }
 
 }  // namespace fakequant

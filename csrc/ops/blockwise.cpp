@@ -28,7 +28,7 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
   job.y = y;
   job.mask = mask;
   job.geometry = block_geometry(input.dim() == 0 ? 1 : input.size(-1), block_size);
-  job.elem = args.elem;
+  job.format = args.format;
   job.rule = args.rule;
   job.scale = args.scale;
   job.centered = centered;

@@ -46,8 +46,8 @@ ParamPtr param_ptr(const at::Tensor& t) {
 
 std::tuple<at::Tensor, at::Tensor> run_quantize(
     const at::Tensor& input, at::IntArrayRef param_strides, int64_t num_params,
-    const std::variant<AffineFamily, MinMaxFamily, AmaxFamily>& family, Output output,
-    MaskOut mask_out) {
+    const std::variant<AffineFamily, MinMaxFamily, AmaxFamily>& family, Format format,
+    Output output, MaskOut mask_out) {
   at::Tensor y = at::empty_like(input);
   at::Tensor mask = mask_out == MaskOut::kNone ? at::Tensor() : new_mask(y, mask_out == MaskOut::kPacked);
   if (input.numel() == 0) return {y, mask};
@@ -58,6 +58,7 @@ std::tuple<at::Tensor, at::Tensor> run_quantize(
   job.layout = make_param_layout(y, param_strides);
   job.num_params = num_params;
   job.family = family;
+  job.format = format;
   job.output = output;
   job.mask_out = mask_out;
   quantize_stub(input.device().type(), job);

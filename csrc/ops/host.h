@@ -33,12 +33,13 @@ class DeviceScope {
 bool run_value_checks(const at::Tensor& input, bool check_values = true);
 
 // y laid out like input and the mask (`mask_out`), and the kernel run over
-// them with `family`'s constants; `param_strides` maps input's dimensions onto
-// the `num_params` parameters.
+// them with `family`'s constants, quantizing to `format` (`output`: fake or
+// integer); `param_strides` maps input's dimensions onto the `num_params`
+// parameters.
 std::tuple<at::Tensor, at::Tensor> run_quantize(
     const at::Tensor& input, at::IntArrayRef param_strides, int64_t num_params,
-    const std::variant<AffineFamily, MinMaxFamily, AmaxFamily>& family, Output output,
-    MaskOut mask_out);
+    const std::variant<AffineFamily, MinMaxFamily, AmaxFamily>& family, Format format,
+    Output output, MaskOut mask_out);
 
 // fake_quantize_affine's forward with any mask kind (LSQ's forward has none).
 std::tuple<at::Tensor, at::Tensor> quantize_affine_family(

@@ -101,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> fused_moving_avg_obs_fake_quant(
   if (axis.has_value()) param_strides[*axis] = 1;
   auto [y, mask] = run_quantize(input, param_strides, channels,
                                 AffineFamily{param_ptr(scale), param_ptr(zero_point), quant_min, quant_max},
-                                Output::kFake, MaskOut::kPacked);
+                                Format::kInt, Output::kFake, MaskOut::kPacked);
   if (!on_host && input.numel() > 0) {
     // fake_quant_on read on the device: the input itself and a full mask where it is 0.
     const at::Tensor on = quantize_flag.reshape({}).ne(0);

@@ -1,9 +1,9 @@
-// Self-test of csrc/cuda/simt_emulator.h: each case launches a small kernel and
+// Self-test of tests/emulator/simt_emulator.h: each case launches a small kernel and
 // checks what the emulator must do (block barrier and shared memory, every warp
 // intrinsic, atomics, and the errors it must report instead of hanging).
 // `simt_selftest` runs every case; `simt_selftest race` runs a kernel with a
 // planted race on shared memory, which ThreadSanitizer must report.
-#include "../../csrc/cuda/simt_emulator.h"
+#include "simt_emulator.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -269,7 +269,7 @@ inline std::optional<int64_t> check_fused_obs_args(
 
 
 struct BlockwiseArgs {
-  Elem elem = Elem::kInt;
+  Format format = Format::kInt;  // of the elements
   BlockRule<float> rule{};  // integers: the clamp range of rint(x / s); floats: the saturation limit
   BlockScaleRule scale{BlockScale::kFloat32, 0.0f, 0};
 };
@@ -288,7 +288,7 @@ inline BlockwiseArgs check_blockwise_args(const at::Tensor& input, int64_t block
   if (exponent_bits == 0) {
     check_num_bits(num_bits);
     const int64_t bound = amax_bound(num_bits, is_unsigned);
-    args.elem = Elem::kInt;
+    args.format = Format::kInt;
     args.scale.elem_max = static_cast<float>(bound);
     // E8M0: the integers are num_bits - 2 fraction bits of a value below 2
     // (MXINT8: k * 2^-6), so amax / scale lies in [2^(num_bits-2), 2^(num_bits-1)).
@@ -304,7 +304,7 @@ inline BlockwiseArgs check_blockwise_args(const at::Tensor& input, int64_t block
                       "0 for integers), got (", num_bits, ", ", exponent_bits, ")");
     TORCH_CHECK_VALUE(!is_unsigned, "fakequant: unsigned must be False for floating-point elements "
                       "(exponent_bits ", exponent_bits, ")");
-    args.elem = elem_of(*f);
+    args.format = f->format;
     args.scale.elem_max = f->max;
     args.scale.scale_emax = f->max_exponent;
     args.rule.float_limit = saturation_limit(*f);

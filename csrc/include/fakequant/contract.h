@@ -12,7 +12,7 @@
 //     FAKEQUANT_CHECK_VALUES);
 //   - the parameter-to-constants builder of each op family (affine, min/max,
 //     amax with an integer or FP8 grid): parameter i -> Consts;
-//   - the quantize and mask rule for every output kind and mask window;
+//   - the quantize and mask rule for every format, output kind and mask window;
 //   - the block-wise rule: geometry, block scale, degenerate block, element;
 //   - the LSQ gradient rule;
 //   - the mask-backward select and the packed mask's bit order.
@@ -221,38 +221,34 @@ C10_HOST_DEVICE inline Consts<C> invalid_consts() {
   return Consts<C>{nan, nan, nan, nan, nan, nan, C(0), C(0)};
 }
 
-// (q - zp) * scale, q itself, or fmt(clamp(x / scale, lo, hi)) * scale for a small
-// float format fmt (FP8, FP6)
-enum class Output { kFake, kInteger, kFp8E4M3, kFp8E5M2, kFp6E3M2, kFp6E2M3 };
+// What the quantize rule returns, whatever the Format (float_formats.h): the value
+// dequantized, (q - zp) * scale or fmt(clamp(x / scale, lo, hi)) * scale for a small
+// float format fmt (fake quantization), or the integer q itself (the kInt format
+// only: quantize_amax).
+enum class Output { kFake, kInteger };
 // The mask: rint(x / scale) unclamped in [lo, hi], or x in [window_lo, window_hi].
 enum class Window { kQuantRange, kInput };
 // What the op returns beside y: a packed mask (one bit per element in memory
 // order), a bool mask shaped like y, or none (fake_quantize_lsq's forward).
 enum class MaskOut { kPacked, kBool, kNone };
 
-C10_HOST_DEVICE constexpr bool is_float_output(Output o) {
-  return o == Output::kFp8E4M3 || o == Output::kFp8E5M2 || o == Output::kFp6E3M2 ||
-         o == Output::kFp6E2M3;
+// The small float F's constants (float_formats.h; F is not kInt). (Device code
+// may not refer to namespace-scope objects such as kE4M3 at run time, so the
+// formats are copied into constexpr locals first.)
+template <Format F>
+C10_HOST_DEVICE constexpr FloatFormat float_format_of() {
+  return F == Format::kE2M1   ? kE2M1
+         : F == Format::kE3M2 ? kE3M2
+         : F == Format::kE2M3 ? kE2M3
+         : F == Format::kE4M3 ? kE4M3
+                              : kE5M2;
 }
-
-// The format of a float output. (Device code may not refer to namespace-scope
-// objects such as kE4M3 at run time, so the formats are copied into constexpr
-// locals first.)
-template <Output O>
-C10_HOST_DEVICE constexpr FloatFormat float_format_of_output() {
-  return O == Output::kFp8E4M3   ? kE4M3
-         : O == Output::kFp8E5M2 ? kE5M2
-         : O == Output::kFp6E3M2 ? kE3M2
-                                 : kE2M3;
-}
-
-// The float output of a format (host code: the ops choose it once).
-inline Output float_output_of(const FloatFormat& f) {
-  return f.max == kE4M3.max   ? Output::kFp8E4M3
-         : f.max == kE5M2.max ? Output::kFp8E5M2
-         : f.max == kE3M2.max ? Output::kFp6E3M2
-                              : Output::kFp6E2M3;
-}
+static_assert(float_format_of<Format::kE2M1>().format == Format::kE2M1 &&
+                  float_format_of<Format::kE3M2>().format == Format::kE3M2 &&
+                  float_format_of<Format::kE2M3>().format == Format::kE2M3 &&
+                  float_format_of<Format::kE4M3>().format == Format::kE4M3 &&
+                  float_format_of<Format::kE5M2>().format == Format::kE5M2,
+              "float_format_of names every small float by its own Format");
 
 // --- the op families: parameter i -> its constants ----------------------------------------
 
@@ -333,11 +329,12 @@ struct AmaxFamily {
 // One element x (in the compute type) with its parameter's constants: returns
 // y and sets m to the mask bit (0 or 1). The constants come one by one so that
 // the CPU loops can keep them in separate arrays (vectorised loads).
-template <Output O, Window W, typename C, typename M>
+template <Format F, Output O, Window W, typename C, typename M>
 C10_HOST_DEVICE inline C quantize_value(C xv, C s, C lo, C hi, C zp, C wlo, C whi, M& m) {
-  if constexpr (is_float_output(O)) {
+  if constexpr (F != Format::kInt) {
     static_assert(W == Window::kInput, "the FP8/FP6 mask is the input window |x| <= amax");
-    constexpr FloatFormat format = float_format_of_output<O>();
+    static_assert(O == Output::kFake, "a float format has no integer output");
+    constexpr FloatFormat format = float_format_of<F>();
     const C c = clamp_nan(div_rn(xv, s), lo, hi);
     m = static_cast<M>((xv >= wlo) & (xv <= whi));
     // float64 goes through float32 first, as torch's double -> float8 cast does;
@@ -353,33 +350,12 @@ C10_HOST_DEVICE inline C quantize_value(C xv, C s, C lo, C hi, C zp, C wlo, C wh
   }
 }
 
-template <Output O, Window W, typename C, typename M>
+template <Format F, Output O, Window W, typename C, typename M>
 C10_HOST_DEVICE inline C quantize_value(C xv, const Consts<C>& p, M& m) {
-  return quantize_value<O, W>(xv, p.scale, p.lo, p.hi, p.zero_point, p.window_lo, p.window_hi, m);
+  return quantize_value<F, O, W>(xv, p.scale, p.lo, p.hi, p.zero_point, p.window_lo, p.window_hi, m);
 }
 
 // --- block-wise ---------------------------------------------------------------------------------
-
-// The element format: integers (exponent_bits == 0) or one of the small floats.
-enum class Elem : int { kInt, kE2M1, kE3M2, kE2M3, kE4M3, kE5M2 };
-
-template <Elem E>
-C10_HOST_DEVICE constexpr FloatFormat float_format_of() {
-  return E == Elem::kE2M1   ? kE2M1
-         : E == Elem::kE3M2 ? kE3M2
-         : E == Elem::kE2M3 ? kE2M3
-         : E == Elem::kE4M3 ? kE4M3
-                            : kE5M2;
-}
-
-// The element of a format (host code).
-inline Elem elem_of(const FloatFormat& f) {
-  return f.max == kE2M1.max   ? Elem::kE2M1
-         : f.max == kE3M2.max ? Elem::kE3M2
-         : f.max == kE2M3.max ? Elem::kE2M3
-         : f.max == kE4M3.max ? Elem::kE4M3
-                              : Elem::kE5M2;
-}
 
 // The mask of a float element: |x / s| at most this, i.e. x / s rounds to the format
 // without saturating: max + half the top step 2^(max_exponent - mantissa_bits), exact
@@ -538,16 +514,16 @@ C10_HOST_DEVICE inline C degenerate_value(C xv, M& m) {
 // An element of a block with scale s. The mask marks elements rounding did not
 // saturate: rint(x / s) within [quant_min, quant_max], or |x / s| within the
 // format's limit. Integers give +0.0 for q = -0.0; float elements keep the sign.
-template <Elem E, typename C, typename M>
+template <Format F, typename C, typename M>
 C10_HOST_DEVICE inline C blockwise_value(C xv, C s, const BlockRule<C>& rule, M& m) {
   const C xs = div_rn(xv, s);
-  if constexpr (E == Elem::kInt) {
+  if constexpr (F == Format::kInt) {
     const C r = round_half_even(xs);
     m = static_cast<M>((r >= rule.quant_min) & (r <= rule.quant_max));
     return mul_rn(add_rn(clamp_nan(r, rule.quant_min, rule.quant_max), C(0)), s);
   } else {
     m = static_cast<M>(abs_value(xs) <= rule.float_limit);
-    return mul_rn(static_cast<C>(round_to_format(to_float_rn(xs), float_format_of<E>())), s);
+    return mul_rn(static_cast<C>(round_to_format(to_float_rn(xs), float_format_of<F>())), s);
   }
 }
 

@@ -1,8 +1,9 @@
 #pragma once
-// Part of the element contract (contract.h): the small floating-point formats
-// (FP8 E4M3 and E5M2, FP6 E3M2 and E2M3, FP4 E2M1: the OCP 8-bit and
-// microscaling formats, none with infinities; only E5M2 has NaN) and float32 bit
-// patterns; round_to_format, the rounding to them, is in contract.h.
+// Part of the element contract (contract.h): the formats an element is
+// quantized to, the integers or the small floating-point formats (FP8 E4M3 and
+// E5M2, FP6 E3M2 and E2M3, FP4 E2M1: the OCP 8-bit and microscaling formats,
+// none with infinities; only E5M2 has NaN), and float32 bit patterns;
+// round_to_format, the rounding to the small floats, is in contract.h.
 #include <c10/macros/Macros.h>
 
 #include <math.h>
@@ -11,7 +12,13 @@
 
 namespace fakequant {
 
+// The format an element is quantized to: the integers (the affine, min/max and
+// amax families, integer block-wise elements) or one of the small floats
+// below. The element rules of contract.h take it as a template constant.
+enum class Format : int { kInt, kE2M1, kE3M2, kE2M3, kE4M3, kE5M2 };
+
 struct FloatFormat {
+  Format format;     // this format's name in Format
   int exponent_bits;
   int mantissa_bits;
   int min_exponent;  // exponent of the smallest normal value
@@ -19,11 +26,11 @@ struct FloatFormat {
   float max;         // the largest finite value
 };
 
-constexpr FloatFormat kE4M3{4, 3, -6, 8, 448.0f};  // float8_e4m3fn: no infinities
-constexpr FloatFormat kE5M2{5, 2, -14, 15, 57344.0f};
-constexpr FloatFormat kE3M2{3, 2, -2, 4, 28.0f};
-constexpr FloatFormat kE2M3{2, 3, 0, 2, 7.5f};
-constexpr FloatFormat kE2M1{2, 1, 0, 2, 6.0f};
+constexpr FloatFormat kE4M3{Format::kE4M3, 4, 3, -6, 8, 448.0f};  // float8_e4m3fn: no infinities
+constexpr FloatFormat kE5M2{Format::kE5M2, 5, 2, -14, 15, 57344.0f};
+constexpr FloatFormat kE3M2{Format::kE3M2, 3, 2, -2, 4, 28.0f};
+constexpr FloatFormat kE2M3{Format::kE2M3, 2, 3, 0, 2, 7.5f};
+constexpr FloatFormat kE2M1{Format::kE2M1, 2, 1, 0, 2, 6.0f};
 
 // Every format, for lookups by (exponent_bits, mantissa_bits) on the host.
 constexpr FloatFormat kFloatFormats[] = {kE4M3, kE5M2, kE3M2, kE2M3, kE2M1};

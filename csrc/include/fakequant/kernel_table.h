@@ -30,6 +30,7 @@ struct QuantizeJob {
   ParamLayout layout;
   int64_t num_params = 1;
   std::variant<AffineFamily, MinMaxFamily, AmaxFamily> family;
+  Format format = Format::kInt;
   Output output = Output::kFake;
   MaskOut mask_out = MaskOut::kPacked;
 };
@@ -39,7 +40,7 @@ struct QuantizeJob {
 struct BlockwiseJob {
   at::Tensor x, y, mask;
   BlockGeometry geometry;
-  Elem elem = Elem::kInt;
+  Format format = Format::kInt;  // of the elements
   BlockRule<float> rule{};   // in float32; the loops convert to the compute type
   BlockScaleRule scale{BlockScale::kFloat32, 0.0f, 0};
   ParamPtr scale_amax{nullptr, ParamType::kFloat};  // kE4M3 scales: its one value

@@ -1,16 +1,17 @@
 #pragma once
 // Runtime flags become template constants here, once: a call
 //
-//   static_switch<Elem, Elem::kInt, Elem::kE2M1>(elem, [&](auto e) {
-//     constexpr Elem E = decltype(e)::value;
+//   static_switch<Format, Format::kInt, Format::kE2M1>(format, [&](auto f) {
+//     constexpr Format F = decltype(f)::value;
 //     ...
 //   });
 //
-// runs the lambda with std::integral_constant<Elem, v> for the listed value v
-// equal to `elem` (each listed value instantiates the lambda once; a value not
+// runs the lambda with std::integral_constant<Format, v> for the listed value v
+// equal to `format` (each listed value instantiates the lambda once; a value not
 // listed is an internal error). bool_switch does the same for a bool;
-// with_quantize_rule and with_elem name the combinations the ops use. Host code
-// only (it launches CUDA kernels from the lambda, never runs on the device).
+// with_quantize_rule and with_blockwise_format name the combinations the ops
+// use. Host code only (it launches CUDA kernels from the lambda, never runs on
+// the device).
 #include <c10/util/Exception.h>
 
 #include "kernel_table.h"
@@ -36,31 +37,40 @@ void bool_switch(bool value, F&& f) {
   }
 }
 
-// The (family, output, window, mask) combinations a QuantizeJob may hold, as
-// template constants: f(family, O, W, M) with O, W and M std::integral_constants
-// of Output, Window and MaskOut. Only these are instantiated: the affine family
-// with every mask kind (bool masks for torch-compatible callers, none for LSQ's
-// forward), the min/max family packed, the amax family with every output, packed.
+// The (family, format, output, window, mask) combinations a QuantizeJob may
+// hold, as template constants: f(family, F, O, W, M) with F, O, W and M
+// std::integral_constants of Format, Output, Window and MaskOut. Only these are
+// instantiated: the affine family (integers, fake) with every mask kind (bool
+// masks for torch-compatible callers, none for LSQ's forward), the min/max
+// family (integers, fake) packed, the amax family packed with integers, fake or
+// integer output, and with the FP8 and FP6 formats, fake.
 template <typename F>
 void with_quantize_rule(const QuantizeJob& job, F&& f) {
   std::visit(
       [&](const auto& family) {
         using Family = std::decay_t<decltype(family)>;
         using W = std::integral_constant<Window, Family::kWindow>;
+        using Int = std::integral_constant<Format, Format::kInt>;
         using Fake = std::integral_constant<Output, Output::kFake>;
         using Packed = std::integral_constant<MaskOut, MaskOut::kPacked>;
         if constexpr (std::is_same_v<Family, AffineFamily>) {
-          TORCH_INTERNAL_ASSERT(job.output == Output::kFake);
+          TORCH_INTERNAL_ASSERT(job.format == Format::kInt && job.output == Output::kFake);
           static_switch<MaskOut, MaskOut::kPacked, MaskOut::kBool, MaskOut::kNone>(
-              job.mask_out, [&](auto m) { f(family, Fake{}, W{}, m); });
+              job.mask_out, [&](auto m) { f(family, Int{}, Fake{}, W{}, m); });
         } else if constexpr (std::is_same_v<Family, MinMaxFamily>) {
-          TORCH_INTERNAL_ASSERT(job.output == Output::kFake && job.mask_out == MaskOut::kPacked);
-          f(family, Fake{}, W{}, Packed{});
+          TORCH_INTERNAL_ASSERT(job.format == Format::kInt && job.output == Output::kFake &&
+                                job.mask_out == MaskOut::kPacked);
+          f(family, Int{}, Fake{}, W{}, Packed{});
         } else {
           TORCH_INTERNAL_ASSERT(job.mask_out == MaskOut::kPacked);
-          static_switch<Output, Output::kFake, Output::kInteger, Output::kFp8E4M3, Output::kFp8E5M2,
-                        Output::kFp6E3M2, Output::kFp6E2M3>(
-              job.output, [&](auto o) { f(family, o, W{}, Packed{}); });
+          if (job.format == Format::kInt) {
+            static_switch<Output, Output::kFake, Output::kInteger>(
+                job.output, [&](auto o) { f(family, Int{}, o, W{}, Packed{}); });
+          } else {
+            TORCH_INTERNAL_ASSERT(job.output == Output::kFake);
+            static_switch<Format, Format::kE4M3, Format::kE5M2, Format::kE3M2, Format::kE2M3>(
+                job.format, [&](auto fmt) { f(family, fmt, Fake{}, W{}, Packed{}); });
+          }
         }
       },
       job.family);
@@ -77,11 +87,11 @@ void with_bits_type(int64_t element_size, F&& f) {
   }
 }
 
-// The element formats of fake_quantize_blockwise.
+// The element formats of fake_quantize_blockwise: every one.
 template <typename F>
-void with_elem(Elem elem, F&& f) {
-  static_switch<Elem, Elem::kInt, Elem::kE2M1, Elem::kE3M2, Elem::kE2M3, Elem::kE4M3, Elem::kE5M2>(
-      elem, std::forward<F>(f));
+void with_blockwise_format(Format format, F&& f) {
+  static_switch<Format, Format::kInt, Format::kE2M1, Format::kE3M2, Format::kE2M3, Format::kE4M3,
+                Format::kE5M2>(format, std::forward<F>(f));
 }
 
 }  // namespace fakequant

@@ -3,9 +3,9 @@
 // emulation build (FAKEQUANT_SIMT_EMULATOR; see simt_emulator.h): tensors are
 // CPU tensors, everything is synchronous, there is one stream and it is never
 // being captured. The number of multiprocessors, which sets the grid cap of
-// grid_for (launch.cuh), comes from FAKEQUANT_SIMT_SMS (default 1: a grid of
-// at most 16 blocks, so that modest tensors already take several grid-stride
-// steps), read at every launch so that a test can change it.
+// grid_for (csrc/cuda/launch.cuh), comes from FAKEQUANT_SIMT_SMS (default 1:
+// a grid of at most 16 blocks, so that modest tensors already take several
+// grid-stride steps), read at every launch so that a test can change it.
 #if defined(__CUDACC__) || !defined(FAKEQUANT_SIMT_EMULATOR)
 #error "simt_runtime.h is for the emulation build only"
 #endif

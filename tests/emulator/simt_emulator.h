@@ -3,7 +3,9 @@
 // host C++ compiler against this header (FAKEQUANT_SIMT_EMULATOR defined, no
 // __CUDACC__), and its kernels then run on the CPU so that tests can compare
 // them bit for bit with the CPU operators, under AddressSanitizer, UBSan and
-// ThreadSanitizer. Nothing here is used by the real CUDA build.
+// ThreadSanitizer. Nothing here is used by the real CUDA build: it is test
+// infrastructure, kept with the tests and left out of the sdist and the wheel
+// (tools/check_dist.py fails a distribution that holds it).
 //
 // What it models
 // - gridDim, blockDim, blockIdx, threadIdx (x, y, z). Every thread of a block
