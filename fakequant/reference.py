@@ -22,7 +22,7 @@ from typing import Tuple
 
 import torch
 
-from ._core import AMAX_EPSILON, E2M1_MAX, E4M3_MAX, E5M2_MAX, amax_range
+from ._core import AMAX_EPSILON, E4M3_MAX, E5M2_MAX, amax_range
 
 __all__ = ["AMAX_EPSILON", "E2M1_VALUES", "amax_range", "blockwise_element_max",
            "blockwise_saturation_limit", "compute_dtype", "e8m0_scale_of", "fake_quantize_affine",
@@ -260,6 +260,14 @@ def e8m0_scale_of(amax, emax):
     return torch.where(a.isfinite(), s, torch.full_like(s, float("nan")))
 
 
+def _row_blocks(x, block_size):
+    """x's rows along its last axis (a 0-d x: one row of one), their length, and the number of
+    blocks of block_size in a row (the last one may be shorter)."""
+    rows = x.reshape(-1, 1) if x.dim() == 0 else x.reshape(-1, x.shape[-1])
+    length = rows.shape[1]
+    return rows, length, -(-length // block_size)
+
+
 def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_range=True, exponent_bits=0,
                             scale_amax=None, e8m0_scale=False, centered=False):
     """(y, mask) of block-wise dynamic quantization along the last dimension.
@@ -290,9 +298,7 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
     shape = x.shape
     if x.numel() == 0:
         return x.clone(), torch.zeros(shape, dtype=torch.bool, device=x.device)
-    rows = x.reshape(-1, 1) if x.dim() == 0 else x.reshape(-1, shape[-1])
-    length = rows.shape[1]
-    nblocks = -(-length // block_size)
+    rows, length, nblocks = _row_blocks(x, block_size)
     extra = nblocks * block_size - length
     if centered:  # padded with the row's last element: the last block's min and max stay
         padded = torch.cat([rows, rows[:, -1:].expand(-1, extra)], 1)
@@ -397,9 +403,7 @@ def fake_quantize_ggml(x, block_size=32, num_bits=8):
     shape = x.shape
     if x.numel() == 0:
         return x.clone(), torch.zeros(shape, dtype=torch.bool, device=x.device)
-    rows = x.reshape(-1, 1) if x.dim() == 0 else x.reshape(-1, shape[-1])
-    length = rows.shape[1]
-    nblocks = -(-length // block_size)
+    rows, length, nblocks = _row_blocks(x, block_size)
     padded = torch.nn.functional.pad(rows.float(), (0, nblocks * block_size - length))  # zeros: amax stays
     xb = padded.reshape(rows.shape[0], nblocks, block_size)
     if num_bits == 8:

@@ -8,7 +8,7 @@ import torch
 import fakequant
 import op_table
 import reference as ref
-from conftest import DEVICES, DTYPES, assert_same, bits_equal
+from conftest import DEVICES, DTYPES, assert_compiled_step_matches_eager, assert_same, bits_equal
 
 ops = torch.ops.fakequant
 
@@ -74,14 +74,7 @@ def test_torch_compile_fullgraph(device):
         h = fakequant.fake_quantize_per_channel_affine(h, scale, zp, 1, -128, 127)
         return fakequant.fake_quantize_min_max(h, -1.0, 4.0).relu().sum()
 
-    x = torch.randn(8, 5, device=device, requires_grad=True)
-    w = torch.randn(3, 5, device=device, requires_grad=True)
-    compiled = torch.compile(qat_step, fullgraph=True, dynamic=False)
-    out_c = compiled(x, w)
-    gx_c, gw_c = torch.autograd.grad(out_c, (x, w))
-    out_e = qat_step(x, w)
-    gx_e, gw_e = torch.autograd.grad(out_e, (x, w))
-    assert torch.allclose(out_c, out_e) and torch.allclose(gx_c, gx_e) and torch.allclose(gw_c, gw_e)
+    assert_compiled_step_matches_eager(qat_step, device)
 
 
 def test_version_mismatch_names_both_versions(monkeypatch):

@@ -131,3 +131,15 @@ def _first(
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """An operator's ``(output, mask)``, or its output alone."""
     return result if return_mask else result[0]
+
+
+def along_last_axis(input: torch.Tensor, axis: int, rule: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``rule`` (which works along the last axis, as the block kernels do) applied along
+    ``axis`` of ``input``: the axis moved last and back. An axis out of range raises IndexError."""
+    nd = max(input.dim(), 1)
+    if not -nd <= axis < nd:
+        raise IndexError(f"fakequant: axis {axis} is out of range for input with {input.dim()} dimensions")
+    axis %= nd
+    moved = input.dim() > 1 and axis != input.dim() - 1
+    y = rule(input.movedim(axis, -1) if moved else input)
+    return y.movedim(-1, axis) if moved else y

@@ -14,7 +14,7 @@ from .._core import (
     refuse_untranslated,
 )
 from .. import _composite
-from ._common import TensorOrNumber, _SCALE_AMAX, _check_meta, _new_mask, _ops
+from ._common import TensorOrNumber, _SCALE_AMAX, _check_meta, _new_mask, _ops, along_last_axis
 
 
 def _check_blockwise_args(
@@ -143,22 +143,18 @@ def fake_quantize_blockwise(
     centered = check_bool(centered, "centered")
     if scale_amax is not None:
         (scale_amax,) = _SCALE_AMAX(input, scale_amax)
-    nd = max(input.dim(), 1)
-    if not -nd <= axis < nd:
-        raise IndexError(f"fakequant: axis {axis} is out of range for input with {input.dim()} dimensions")
-    axis %= nd
-    moved = input.dim() > 1 and axis != input.dim() - 1
-    x = input.movedim(axis, -1) if moved else input
-    lowered = lower_symbolically("fake_quantize_blockwise", x, block_size, num_bits, unsigned, narrow_range,
-                                 exponent_bits, scale_amax, check_values, e8m0_scale, centered)
-    if lowered is not None:
-        y = lowered[0]
-    elif _composite.active():
-        _check_meta(x, **({} if scale_amax is None else {"scale_amax": scale_amax}))
-        _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
-        y = _composite.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
-                                               scale_amax, check_values, e8m0_scale, centered)
-    else:
-        y = _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits, scale_amax,
-                                         check_values, e8m0_scale, centered)[0]
-    return y.movedim(-1, axis) if moved else y
+
+    def rule(x: torch.Tensor) -> torch.Tensor:
+        lowered = lower_symbolically("fake_quantize_blockwise", x, block_size, num_bits, unsigned, narrow_range,
+                                     exponent_bits, scale_amax, check_values, e8m0_scale, centered)
+        if lowered is not None:
+            return lowered[0]
+        if _composite.active():
+            _check_meta(x, **({} if scale_amax is None else {"scale_amax": scale_amax}))
+            _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
+            return _composite.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
+                                                      scale_amax, check_values, e8m0_scale, centered)
+        return _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
+                                            scale_amax, check_values, e8m0_scale, centered)[0]
+
+    return along_last_axis(input, axis, rule)

@@ -14,6 +14,7 @@ import torch
 
 from .. import reference
 from .._core import GGML_BLOCK_TYPES, check_int, check_tensor
+from ._common import along_last_axis
 
 __all__ = ["fake_quantize_ggml"]
 
@@ -58,11 +59,4 @@ def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int 
     if torch.onnx.is_in_onnx_export():  # (either exporter; the rule costs far more than this check)
         raise RuntimeError("fakequant: llama.cpp's Q8_0/Q4_0 blocks (fake_quantize_ggml, the GGUF presets) have no "
                            "ONNX form; a GGUF model is exported with fakequant.serve.gguf.export_gguf")
-    nd = max(input.dim(), 1)
-    if not -nd <= axis < nd:
-        raise IndexError(f"fakequant: axis {axis} is out of range for input with {input.dim()} dimensions")
-    axis %= nd
-    moved = input.dim() > 1 and axis != input.dim() - 1
-    x = input.movedim(axis, -1) if moved else input
-    y = _GGMLBlocks.apply(x, block_size, num_bits)
-    return y.movedim(-1, axis) if moved else y
+    return along_last_axis(input, axis, lambda x: _GGMLBlocks.apply(x, block_size, num_bits))

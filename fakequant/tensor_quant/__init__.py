@@ -37,30 +37,9 @@ from .functions import (
     tensor_quant,
 )
 from .spec import QuantSpec
+from . import descriptor, functions
 
 # (pickles name the class where users import it from)
 ScaledQuantDescriptor.__module__ = __name__
 
-__all__ = [
-    "ScaledQuantDescriptor",
-    "QuantDescriptor",
-    "QUANT_DESC_8BIT_PER_TENSOR",
-    "QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR",
-    "QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW",
-    "QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL",
-    "TensorQuantFunction",
-    "FakeTensorQuantFunction",
-    "FakeAffineTensorQuantFunction",
-    "LegacyFakeTensorQuantFunction",
-    "ScaledE4M3Function",
-    "tensor_quant",
-    "fake_tensor_quant",
-    "fake_affine_tensor_quant",
-    "legacy_fake_tensor_quant",
-    "scaled_e4m3",
-]
+__all__ = [*descriptor.__all__, *functions.__all__]
