@@ -194,11 +194,11 @@ def detached(model: Any) -> Iterator[Any]:
     try:
         for name in saved:
             delattr(model, name)
-        if had_config:
+        if had_config and config is not None:
             del config.quantization_config
         yield model
     finally:
         for name, value in saved.items():
             setattr(model, name, value)
-        if had_config:
+        if had_config and config is not None:
             config.quantization_config = quantization_config
