@@ -214,11 +214,11 @@ def main():
     parser.add_argument("--out", default=None, help="the folder for the checkpoints and results.md "
                                                     "(default: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="a few training steps (for the tests)")
-    parser.add_argument("--steps", type=int, default=None, help="float training steps (default 150; quick 30)")
-    parser.add_argument("--qat-steps", type=int, default=None, help="QAT steps per preset (default 40; quick 5)")
+    parser.add_argument("--steps", type=int, default=None, help="float training steps (default 150; quick 20)")
+    parser.add_argument("--qat-steps", type=int, default=None, help="QAT steps per preset (default 40; quick 2)")
     args = parser.parse_args()
-    steps = args.steps if args.steps is not None else 30 if args.quick else 150
-    qat_steps = args.qat_steps if args.qat_steps is not None else 5 if args.quick else 40
+    steps = args.steps if args.steps is not None else 20 if args.quick else 150
+    qat_steps = args.qat_steps if args.qat_steps is not None else 2 if args.quick else 40
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
     transformers.utils.logging.disable_progress_bar()
@@ -240,7 +240,7 @@ def main():
     # the reference for QAT: the float model trained for the same further steps
     longer = train(copy.deepcopy(model), task, qat_steps, lr=5e-4, seed=2)
     qat_rows = ["| preset | PTQ loss / accuracy | QAT loss / accuracy |", "|---|---|---|",
-                "| none (float, the same steps) | {:.4f} / {:.2%} | {:.4f} / {:.2%} |".format(
+                "| none (float: before / after the same steps) | {:.4f} / {:.2%} | {:.4f} / {:.2%} |".format(
                     float_loss, float_acc, *evaluate(longer, task))]
     rows = ["| format | preset | file bytes (x bf16) | load check | max weight diff | "
             "max logits diff (of the largest) | accuracy, reloaded |", "|---|---|---|---|---|---|---|"]

@@ -19,7 +19,7 @@ def test_demo_serve_quick(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     table = (tmp_path / "results.md").read_text()
     assert table.strip() in out.stdout  # printed, and written to results.md
-    rows = [line for line in table.splitlines() if line.startswith(("| compressed-tensors", "| GGUF"))]
+    rows = [line for line in table.splitlines() if line.startswith(("| compressed-tensors ", "| GGUF ("))]
     assert len(rows) == 7
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
