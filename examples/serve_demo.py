@@ -157,7 +157,8 @@ def reload_compressed_tensors(directory):
     """(the dequantized load, for the weights; the default, compressed load, for the logits)."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    dense = AutoModelForCausalLM.from_pretrained(directory, quantization_config=CompressedTensorsConfig(dequantize=True))
+    dense = AutoModelForCausalLM.from_pretrained(directory,
+                                                 quantization_config=CompressedTensorsConfig(dequantize=True))
     compressed = AutoModelForCausalLM.from_pretrained(directory).eval()
     return dense, compressed, "transformers + compressed-tensors"
 
@@ -182,8 +183,9 @@ def q8_0_inputs(module, args):
 
 
 def reload_gguf(model, path):
-    """(the same model twice: weights and logits) a transformers Llama holding the tensors gguf reads from ``path``; the Linear layers
-    stored as Q8_0/Q4_0 get their inputs rounded to Q8_0 by gguf."""
+    """A transformers Llama holding the tensors gguf reads from ``path`` (twice: for the weights
+    and for the logits); the Linear layers stored as Q8_0/Q4_0 get their inputs rounded to Q8_0
+    by gguf."""
     import gguf
 
     reader = gguf.GGUFReader(path)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("transformers", reason="the serving demo needs transformers: pip install 'fakequant[serve]'")
-pytest.importorskip("compressed_tensors", reason="the serving demo needs compressed-tensors: pip install 'fakequant[serve]'")
+pytest.importorskip("compressed_tensors",
+                    reason="the serving demo needs compressed-tensors: pip install 'fakequant[serve]'")
 pytest.importorskip("gguf", reason="the serving demo needs gguf: pip install 'fakequant[serve]'")
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "serve_demo.py"
