@@ -12,7 +12,7 @@ DEPS := $(VENV)/.deps-$(subst =,-,$(subst $() ,_,$(TORCH)))
 SOURCES := setup.py pyproject.toml fakequant/_version.py \
 	$(shell find csrc -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \))
 
-.PHONY: build test demo demo-llm bench docs clean
+.PHONY: build test demo demo-llm demo-serve bench docs clean
 
 $(DEPS):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ $(VENV)/.llm: $(VENV)/.built
 
 demo-llm: build $(VENV)/.llm
 	$(PY) examples/minilm_qat.py --out demo-llm-output $(DEMO_LLM_ARGS)
+
+# The third: QAT of a small Llama (random init, a synthetic next-token task), exported as
+# compressed-tensors (vLLM, SGLang) and GGUF (llama.cpp), each checkpoint reloaded by the
+# format's own library (examples/serve_demo.py). compressed-tensors and gguf are the extra
+# `serve`, which `build` installs.
+demo-serve: build
+	$(PY) examples/serve_demo.py --out demo-serve-output $(DEMO_SERVE_ARGS)
 
 # Every benchmark in one run (about 3 minutes on 2 cores): benchmarks/results/README.md
 # (the tables, the targets met or missed), PNG plots, and the raw JSON. On a shared
