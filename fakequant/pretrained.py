@@ -2,7 +2,7 @@
 
 :func:`fakequant.quantize_model` on a transformers ``PreTrainedModel`` records its recipe (the
 preset or the descriptors, ``exclude``, ``quantize_attention``) in
-``model.config.quantization_config``, a :class:`FakequantConfig` (``quant_method
+``model.config.quantization_config``, a ``FakequantConfig`` (``quant_method
 "fakequant"``), and gives the model a quantizer object of transformers' kind
 (``model.hf_quantizer``). ``model.save_pretrained(directory)`` then writes that config with
 the amax shapes of every calibrated quantizer (refreshed at each save), and the weights with
@@ -95,7 +95,7 @@ def amax_shapes(model: torch.nn.Module) -> Dict[str, List[int]]:
 
 
 def register() -> None:
-    """Registers :class:`FakequantConfig` and its quantizer with transformers' quantization
+    """Registers ``FakequantConfig`` and its quantizer with transformers' quantization
     registries, once."""
     if _classes:
         return

@@ -41,7 +41,8 @@ class _Calibrator:
 
     @property
     def num_bits(self) -> Union[int, Tuple[int, int]]:
-        """The format being calibrated (settable: a quantizer keeps its calibrator's its own)."""
+        """The number of bits (or (E, M) format) of the quantizer being calibrated; a quantizer sets
+        its calibrator's to its own when it changes."""
         return self._num_bits
 
     @num_bits.setter

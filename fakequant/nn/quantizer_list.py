@@ -18,7 +18,7 @@ class QuantizerList(nn.ModuleList):
 
     The rule for a member that calibration did not reach (an expert no calibration token
     was routed to): it takes the largest amax of the members that were calibrated, element
-    by element (:meth:`fill_uncalibrated`, which :func:`fakequant.utils.calibrate.compute_amax`
+    by element (:meth:`fill_uncalibrated`, which :func:`fakequant.utils.compute_amax`
     calls), so a token routed there later is quantized on the widest range the layer's
     input was seen to need, never clipped by a range that was never measured.
     """

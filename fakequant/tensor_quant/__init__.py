@@ -41,5 +41,6 @@ from . import descriptor, functions
 
 # (pickles name the class where users import it from)
 ScaledQuantDescriptor.__module__ = __name__
+QuantSpec.__module__ = __name__
 
 __all__ = [*descriptor.__all__, *functions.__all__]

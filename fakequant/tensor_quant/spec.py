@@ -16,8 +16,8 @@ __all__ = ["QuantSpec"]
 class QuantSpec:
     """The configuration of a :class:`~fakequant.nn.TensorQuantizer`, read by its numeric
     paths (``fakequant.nn._schemes``) and its calibrator. Frozen: a quantizer's setters
-    replace it (:func:`dataclasses.replace`), and :meth:`__post_init__` checks the
-    values that can change that way.
+    replace it (``dataclasses.replace``), and ``__post_init__`` checks the values that can
+    change that way.
 
     ``block_sizes`` holds the int (axis) keys of the descriptor's only; ``dynamic`` is also
     true for ``block_sizes["type"] == "dynamic"``; ``scale_bits`` is ``block_sizes["scale_bits"]``;
