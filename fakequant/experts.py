@@ -23,9 +23,12 @@ such module, for each projection ``p`` (``gate_up_proj`` or ``up_proj``, then ``
 It registers one more experts function, ``"fakequant"``, with transformers' public registry
 and switches the model to it (``set_experts_implementation``): the expert loop of
 transformers' eager forward, on the fake-quantized weights and inputs. While
-``torch.compile`` traces it runs every expert on every token, weighted by its routing weight
-(0 for tokens not routed to it), which has no data-dependent shapes (``fullgraph=True``
-works) and the same per-token values. Routers stay float (:data:`fakequant.quant_modules.DEFAULT_EXCLUDE`).
+``torch.compile`` traces it, the (token, expert) pairs are sorted by expert and each
+projection is one grouped matmul over them (``fakequant_moe::experts_linear``), so the
+graph has no data-dependent shapes (``fullgraph=True`` works) and computes the routed
+tokens only; each expert's input quantizer sees its own rows. Under ``torch.export`` (the
+ONNX exporter) every expert runs on every token, weighted by its routing weight (0 where
+not routed): plain operators that every exporter lowers. Routers stay float (:data:`fakequant.quant_modules.DEFAULT_EXCLUDE`).
 Nothing from transformers is imported until this is asked for, and nothing of it is patched.
 """
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ._experts_linear import experts_linear
 from .nn.quantizer_list import QuantizerList
 from .nn.tensor_quantizer import TensorQuantizer
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
@@ -189,12 +193,11 @@ def _expert(module: Any, projections, e: int, x: torch.Tensor) -> torch.Tensor:
 def _quantized_experts(module: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                        top_k_weights: torch.Tensor) -> torch.Tensor:
     projections = _weights(module)
+    if torch.compiler.is_exporting():  # plain operators for the exporters: every expert on every token
+        return _dense(module, projections, hidden_states, top_k_index, top_k_weights)
+    if torch.compiler.is_compiling():  # no data-dependent shapes: tokens sorted by expert
+        return _grouped(module, projections, hidden_states, top_k_index, top_k_weights)
     out = torch.zeros_like(hidden_states)
-    if torch.compiler.is_compiling():  # every expert on every token: no data-dependent shapes
-        for e in range(module.num_experts):
-            weight = (top_k_weights * (top_k_index == e)).sum(-1, keepdim=True)
-            out = out + (_expert(module, projections, e, hidden_states) * weight).to(out.dtype)
-        return out
     with torch.no_grad():
         routed = torch.nn.functional.one_hot(top_k_index, num_classes=module.num_experts + 1).permute(2, 1, 0)
         hit = routed.sum(dim=(-1, -2)).gt(0).nonzero().flatten().tolist()
@@ -205,3 +208,55 @@ def _quantized_experts(module: Any, hidden_states: torch.Tensor, top_k_index: to
         y = _expert(module, projections, e, hidden_states[token]) * top_k_weights[token, position, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
+
+
+def _dense(module: Any, projections, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """Every expert on every token, weighted by its routing weight (0 where not routed)."""
+    out = torch.zeros_like(hidden_states)
+    for e in range(module.num_experts):
+        weight = (top_k_weights * (top_k_index == e)).sum(-1, keepdim=True)
+        out = out + (_expert(module, projections, e, hidden_states) * weight).to(out.dtype)
+    return out
+
+
+def _grouped_inputs(quantizers: Optional[QuantizerList], x: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+    """Row ``i`` of ``x`` through ``quantizers[expert[i]]``, in static shapes: each quantizer
+    sees its own rows and zeros elsewhere. A quantizer's output on a row depends on that row
+    and its calibrated state only, or (a dynamic per-tensor amax) on the largest magnitude
+    of its rows, which the zeros do not change: the rows get the eager loop's values."""
+    if quantizers is None:
+        return x
+    out = x
+    for e, q in enumerate(quantizers):
+        mine = (expert == e).unsqueeze(-1)
+        out = torch.where(mine, q(torch.where(mine, x, torch.zeros_like(x))), out)
+    return out
+
+
+def _grouped(module: Any, projections, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+             top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The (token, expert) pairs sorted by expert, each projection one grouped matmul over
+    them (``fakequant_moe::experts_linear``): the expert FLOPs of the routed tokens only."""
+    top_k = top_k_index.shape[-1]
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # (expert parallelism's sentinels, >= num_experts, last)
+    expert = flat[order]
+    counts = (expert.unsqueeze(-1) == torch.arange(module.num_experts, device=expert.device)).sum(0)
+    rows = order // top_k
+    (w1, b1, in1), (w2, b2, in2) = projections
+    known = expert.clamp(max=module.num_experts - 1)
+    h = experts_linear(_grouped_inputs(in1, hidden_states[rows], expert).to(w1.dtype), w1, counts)
+    if b1 is not None:
+        h = h + b1[known]
+    h = module._apply_gate(h) if getattr(module, "has_gate", True) else module.act_fn(h)
+    y = experts_linear(_grouped_inputs(in2, h, expert).to(w2.dtype), w2, counts)
+    if b2 is not None:
+        y = y + b2[known]
+    if getattr(module, "has_post_expert_norm", False):
+        y = module.post_expert_norm(y)
+    valid = (expert < module.num_experts).unsqueeze(-1)  # (sentinel rows: zero, as the eager loop skips them)
+    y = torch.where(valid, y * top_k_weights.reshape(-1)[order].unsqueeze(-1), torch.zeros_like(y))
+    # back to (token, k) order and summed over k: no atomics, the same sum on every run
+    y = y[torch.argsort(order)].reshape(*top_k_index.shape, -1).sum(1)
+    return y.to(hidden_states.dtype)

@@ -26,7 +26,7 @@ LAYERS = [
     ("descriptors, functions and named recipes", {"tensor_quant", "presets"}),
     ("calibration statistics", {"calib"}),
     ("quantizers and quantized modules; torch.ao / torchao drop-in modules", {"nn", "ao"}),
-    ("model level", {"quant_modules", "_float_layers", "utils", "optim", "hf", "experts", "pretrained", "distill"}),
+    ("model level", {"quant_modules", "_float_layers", "utils", "optim", "hf", "experts", "_experts_linear", "pretrained", "distill"}),
     ("export: ONNX graphs, serving checkpoints", {"onnx", "serve"}),
     ("the package, its self-checks and its command line", {"fakequant", "__main__", "_self_check", "_gpu_check"}),
 ]

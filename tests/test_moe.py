@@ -185,17 +185,75 @@ def test_weights_left_in_float_are_named_once_and_unconverted_separates_them():
     assert routers == ["model.layers.0.mlp.router"]
 
 
-def test_the_quantized_moe_block_compiles_with_fullgraph():
+@pytest.mark.parametrize("arch,preset", [("qwen3_moe", "INT8"), ("mixtral", "W8A8"), ("gpt_oss", "NVFP4"),
+                                         ("qwen3_moe", "MXFP4"), ("gpt_oss", "FP8")])
+def test_the_quantized_moe_block_compiles_with_fullgraph(arch, preset):
+    """Compiled, the routed tokens are grouped by expert (one grouped matmul a projection):
+    the eager loop's values and gradients, summed in another order."""
+    model = _quantized(arch, preset)
+    block = model.model.layers[0].mlp
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(1))
+    weights = [p for p in block.parameters() if p.requires_grad]
+
+    def run(fn):
+        xi = x.clone().requires_grad_(True)
+        out = fn(xi)
+        out = out[0] if isinstance(out, tuple) else out  # (gpt-oss's block returns the router scores too)
+        grads = torch.autograd.grad((out * out).sum(), [xi, *weights])
+        return out.detach(), grads
+
+    eager, eager_grads = run(block)
+    torch._dynamo.reset()
+    compiled, compiled_grads = run(torch.compile(block, backend="aot_eager", fullgraph=True))
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    for got, want in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_experts_compute_the_routed_tokens_only():
+    """The compiled graph holds one grouped matmul per projection, not one matmul per
+    expert (the dense form the exporters get)."""
     model = _quantized("qwen3_moe", "INT8")
     block = model.model.layers[0].mlp
-    x = torch.randn(2, 8, 64)
-    with torch.no_grad():
-        eager = block(x)
-        torch._dynamo.reset()
-        compiled = torch.compile(block, backend="aot_eager", fullgraph=True)(x)
-    # every expert on every token, weighted: the same values, summed in another order
-    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
     torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(block, backend=backend, fullgraph=True)(torch.randn(2, 8, 64))
+    torch._dynamo.reset()
+    code = graphs[0].code
+    # two grouped matmuls (the experts' projections) and one linear (the router)
+    assert code.count("experts_linear") == 2 and code.replace("experts_linear", "").count("linear(") == 1
+
+
+def _segments_reference(x, weight, counts):
+    out, start = torch.zeros(x.shape[0], weight.shape[1], dtype=x.dtype), 0
+    for e, n in enumerate(counts.tolist()):
+        out[start:start + n] = x[start:start + n] @ weight[e].T
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 2, 1], [0, 0, 0, 6], [2, 1, 0, 0]])  # (last: 3 trailing rows)
+def test_experts_linear_against_the_per_expert_matmul(counts):
+    from fakequant._experts_linear import experts_linear
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(4, 3, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    counts = torch.tensor(counts)
+    got = experts_linear(x, weight, counts)
+    assert bits_equal(got, _segments_reference(x.detach(), weight.detach(), counts))
+    torch.autograd.gradcheck(lambda a, b: experts_linear(a, b, counts), (x, weight))
+    torch.library.opcheck(torch.ops.fakequant_moe.experts_linear.default, (x, weight, counts))
+    with pytest.raises(ValueError, match="counts"):
+        experts_linear(x, weight, torch.tensor([7, 0, 0, 0]))
+    with pytest.raises(ValueError, match="weight"):
+        experts_linear(x, weight[:, :, :4], counts)
 
 
 def test_a_quantized_moe_model_exports_to_onnx_and_runs_in_onnxruntime(tmp_path):
