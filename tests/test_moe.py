@@ -250,6 +250,8 @@ def test_experts_linear_against_the_per_expert_matmul(counts):
     assert bits_equal(got, _segments_reference(x.detach(), weight.detach(), counts))
     torch.autograd.gradcheck(lambda a, b: experts_linear(a, b, counts), (x, weight))
     torch.library.opcheck(torch.ops.fakequant_moe.experts_linear.default, (x, weight, counts))
+    grad = torch.randn(6, 3, dtype=torch.float64, generator=g)
+    torch.library.opcheck(torch.ops.fakequant_moe.experts_linear_weight_grad.default, (grad, x.detach(), counts))
     with pytest.raises(ValueError, match="counts"):
         experts_linear(x, weight, torch.tensor([7, 0, 0, 0]))
     with pytest.raises(ValueError, match="weight"):
