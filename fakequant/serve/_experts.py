@@ -22,6 +22,7 @@ quantizer of ``gate_up_proj`` gives the ``input_scale`` of both its gate and up 
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -29,9 +30,10 @@ import torch
 from .. import experts as _fused
 from ..nn.quantizer_list import QuantizerList
 from ..nn.tensor_quantizer import TensorQuantizer
-from .compressed_tensors import LayerPlan, _bits_equal, _exact_weight_plan, _input_plan, _Refused, scheme_key
+from .compressed_tensors import LayerPlan, _bits_equal, _exact_weight_plan, _input_plan, _Refused, _scheme_key
 
-__all__ = ["LAYOUTS", "ExpertLayout", "ExpertsPlan", "plan_experts"]
+__all__ = ["LAYOUTS", "LOADABLE_FORMATS", "ExpertLayout", "ExpertsPlan", "check_expert_formats", "has_quantizers",
+           "plan_experts"]
 
 
 class ExpertLayout(NamedTuple):
@@ -56,13 +58,16 @@ LAYOUTS: Dict[str, ExpertLayout] = {
 class ExpertsPlan(NamedTuple):
     """What the experts add to a checkpoint: ``{checkpoint module name: LayerPlan}`` of each
     expert projection, the fused parameters they replace (qualified names in the model),
-    the checkpoint names of the float routers, and per fused-experts module (by its name in
-    the model) its name in the checkpoint and the checkpoint names of its expert projections."""
+    the checkpoint names of what stays float (routers; the experts of a module without
+    quantizers, by one ``re:`` pattern each), per quantized fused-experts module (by its name in
+    the model) its name in the checkpoint and the checkpoint names of its expert projections, and
+    the modules whose experts stay float."""
 
     plans: Dict[str, Any]
     replaced: List[str]
-    routers: List[str]
+    ignore: List[str]
     modules: Dict[str, Tuple[str, List[str]]]
+    floats: List[str]
 
 
 def _refuse_experts(where: str, why: str) -> ValueError:
@@ -130,22 +135,27 @@ def _split(tensors: Dict[str, torch.Tensor], rows: int, parts: int) -> List[Dict
 def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
     """The per-expert plans of every quantized fused-experts module of ``model``. Raises
     ValueError naming the module or quantizer that cannot be written."""
-    result = ExpertsPlan({}, [], [], {})
+    result = ExpertsPlan({}, [], [], {}, [])
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     for name, module in model.named_modules():
-        if not _fused.is_fused_experts(module) or not has_quantizers(module):
+        if not _fused.is_fused_experts(module):
             continue
         layout = LAYOUTS.get(model_type)  # type: ignore[arg-type]
+        quantized = has_quantizers(module)
+        if layout is None and not quantized:
+            continue  # (written by save_pretrained as the model type writes it)
         if layout is None:
-            raise _refuse_experts(name, f"quantized experts of a {model_type!r} model ({type(module).__name__}): the "
-                               f"export writes the per-expert layout of {sorted(LAYOUTS)} models only, which "
-                               "transformers' compressed-tensors loader stacks into its fused experts (gpt-oss "
-                               "checkpoints keep their experts in a format of their own)")
+            raise _refuse_experts(name, f"quantized experts of a {model_type!r} model ({type(module).__name__}): "
+                                        f"the export writes the per-expert layout of {sorted(LAYOUTS)} models only, "
+                                        "which transformers' compressed-tensors loader stacks into its fused experts "
+                                        "(gpt-oss checkpoints keep their experts in a format of their own)")
         if getattr(module, "is_transposed", False) or getattr(module, "has_bias", False):
-            raise _refuse_experts(name, "transposed experts or experts with biases (the per-expert layout has neither)")
+            raise _refuse_experts(name, "transposed experts or experts with biases (the per-expert layout has "
+                                        "neither)")
         projections = _fused.expert_projections(module)
         if set(projections) != set(layout.projections):
-            raise _refuse_experts(name, f"expert projections {list(projections)}, the layout has {list(layout.projections)}")
+            raise _refuse_experts(name, f"expert projections {list(projections)}, the layout has "
+                                        f"{list(layout.projections)}")
         prefix = name
         for old, new in layout.renames:
             prefix = prefix.replace(old, new)
@@ -153,28 +163,34 @@ def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
         router = getattr(model.get_submodule(parent), layout.router, None)
         if isinstance(router, torch.nn.Module) and not isinstance(router, torch.nn.Linear):
             # (a router that is an nn.Linear is listed by the Linear rules)
-            result.routers.append(f"{prefix.rsplit('.', 1)[0]}.{layout.router}" if parent else layout.router)
+            result.ignore.append(f"{prefix.rsplit('.', 1)[0]}.{layout.router}" if parent else layout.router)
+        if not quantized:  # save_pretrained writes them per expert: ignored by one pattern
+            parts = sorted(p for ps in layout.projections.values() for p in ps)
+            result.ignore.append(f"re:^{re.escape(prefix)}\\.\\d+\\.({'|'.join(parts)})$")
+            result.floats.append(name)
+            continue
         names: List[str] = []
         for proj in projections:
             weight = getattr(module, proj)
             wq = getattr(module, f"{proj}_weight_quantizer", None)
             iq = getattr(module, f"{proj}_input_quantizer", None)
+            where = f"{name}.{proj}_weight_quantizer"
             if not _enabled(wq):
-                raise _refuse_experts(f"{name}.{proj}_weight_quantizer", "float expert weights in quantized experts (the "
-                                                                "format quantizes the experts' weights, or none)")
+                raise _refuse_experts(where, "float expert weights in quantized experts (the format quantizes the "
+                                             "experts' weights, or none)")
             if isinstance(wq, QuantizerList):  # (fakequant.experts: one per expert for a per-tensor global scale)
-                raise _refuse_experts(f"{name}.{proj}_weight_quantizer", "expert weights with a global scale per expert "
-                                                                "(NVFP4): transformers' compressed-tensors loader "
-                                                                "decompresses packed experts without their "
-                                                                "weight_global_scale")
-            fake = _fused.quantized_weight(module, proj).detach().cpu()
+                raise _refuse_experts(where, "expert weights with a global scale per expert (NVFP4): transformers' "
+                                             "compressed-tensors loader decompresses packed experts without their "
+                                             "weight_global_scale")
+            with torch.no_grad():
+                fake = _fused.quantized_weight(module, proj).detach().cpu()
             outputs: Dict[torch.dtype, torch.Tensor] = {}
             for e in range(module.num_experts):
-                where = f"{name}.{proj}_weight_quantizer"
                 q = _ExpertView(wq, e, weight, outputs)
                 w_args, tensors, target = _exact_weight_plan(f"{where} (expert {e})", q, weight[e])
                 if not _bits_equal(target, fake[e]):
-                    raise _refuse_experts(where, f"expert {e}'s weight as a Linear layer's is not the experts' forward's")
+                    raise _refuse_experts(where, f"expert {e}'s weight read as a Linear layer's is not the experts' "
+                                                 "forward's")
                 i_args, i_tensors = (None, {}) if iq is None else _input_plan(f"{name}.{proj}_input_quantizer.{e}",
                                                                              iq[e])
                 tensors.update(i_tensors)
@@ -202,16 +218,25 @@ def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
 LOADABLE_FORMATS = ("float-quantized", "pack-quantized", "mxfp4-pack-quantized")
 
 
-def check_expert_formats(experts: ExpertsPlan, formats: Dict[str, str]) -> None:
+def check_expert_formats(experts: ExpertsPlan, formats: Dict[str, str], first_format: str) -> None:
     """Refuses experts transformers could not load: several schemes among the experts (it
-    dequantizes every expert with one config group) or a storage format it does not
-    dequantize for experts (:data:`LOADABLE_FORMATS`)."""
-    for module, (_, names) in experts.modules.items():
-        if len({scheme_key(experts.plans[n]) for n in names}) > 1 or len(
-                {scheme_key(experts.plans[n]) for _, members in experts.modules.values() for n in members}) > 1:
+    dequantizes every expert with one config group), a storage format it does not dequantize
+    for experts (:data:`LOADABLE_FORMATS`), or float experts beside a scheme of packed experts
+    (that scheme's, or without quantized experts the first group's, ``first_format``: it reads
+    only the packed tensors of every expert)."""
+    names = [n for _, members in experts.modules.values() for n in members]
+    fmt = formats[names[0]] if names else first_format
+    if experts.floats and fmt != "float-quantized":
+        raise _refuse_experts(experts.floats[0], f"experts left in float beside {fmt!r} weights: transformers' "
+                                                 "compressed-tensors loader dequantizes every expert with one "
+                                                 "scheme and drops float expert weights unless it is FP8 "
+                                                 "('float-quantized'); quantize the experts too")
+    first_key = _scheme_key(experts.plans[names[0]]) if names else None
+    for module, (_, members) in experts.modules.items():
+        if any(_scheme_key(experts.plans[n]) != first_key for n in members):
             raise _refuse_experts(module, "experts quantized with different schemes (transformers loads every expert "
-                                  "of a model with one config group)")
-        fmt = formats[names[0]]
+                                          "of a model with one config group)")
+        fmt = formats[members[0]]
         if fmt not in LOADABLE_FORMATS:
             raise _refuse_experts(module, f"experts stored as {fmt!r}: transformers' compressed-tensors loader "
-                                  f"dequantizes experts stored as {list(LOADABLE_FORMATS)} only")
+                                          f"dequantizes experts stored as {list(LOADABLE_FORMATS)} only")

@@ -428,13 +428,13 @@ def _plan(model: torch.nn.Module) -> Tuple[Dict[str, LayerPlan], List[str], Any]
         plans[name] = LayerPlan(w_args, i_args, tensors, tuple(module.weight.shape))
     experts = plan_experts(model)
     plans.update(experts.plans)
-    ignore += experts.routers
+    ignore += experts.ignore
     if not plans:
         raise ValueError("model has no quantized Linear layer (convert it with fakequant.quantize_model first)")
     return plans, sorted(ignore), experts
 
 
-def scheme_key(p: LayerPlan) -> str:
+def _scheme_key(p: LayerPlan) -> str:
     """What makes two layers' schemes one config group: their weights' and inputs' arguments."""
     return repr((sorted(p.weights.items()), sorted((p.inputs or {}).items())))
 
@@ -451,7 +451,7 @@ def _scheme_groups(ct: Any, plans: Dict[str, LayerPlan], ignore: List[str], expe
     kinds: Dict[str, List[str]] = {}
     specs: Dict[str, Tuple[Dict[str, Any], Optional[Dict[str, Any]]]] = {}
     for name, p in plans.items():
-        key = scheme_key(p)
+        key = _scheme_key(p)
         kinds.setdefault(key, []).append(name)
         specs[key] = (p.weights, p.inputs)
     groups: Dict[str, Any] = {}
@@ -542,7 +542,7 @@ def export_compressed_tensors(model: torch.nn.Module, directory: Union[str, "os.
 
     plans, ignore, experts = _plan(model)
     groups, formats = _scheme_groups(ct, plans, ignore, experts)
-    check_expert_formats(experts, formats)
+    check_expert_formats(experts, formats, next(iter(groups.values())).format)
     single_format = set(formats.values())
     config = QuantizationConfig(config_groups=groups, ignore=ignore, quantization_status="compressed",
                                 format=single_format.pop() if len(single_format) == 1 else "mixed-precision")
