@@ -191,7 +191,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
 
 
-def _weight_plan(where: str, q: TensorQuantizer, weight: torch.Tensor
+def _weight_plan(where: str, q: Any, weight: torch.Tensor
                  ) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """(weight QuantizationArgs fields, tensors, the format's dequantized weight in float32,
     the quantizer's output in the weight's dtype)."""
@@ -295,6 +295,17 @@ def _weight_plan(where: str, q: TensorQuantizer, weight: torch.Tensor
     return args, tensors, dequant, target
 
 
+def _exact_weight_plan(where: str, q: Any, weight: torch.Tensor
+                       ) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor], torch.Tensor]:
+    """(weight QuantizationArgs fields, tensors, the quantizer's output in the weight's dtype),
+    refused unless the format's dequantization of the tensors is that output bit for bit."""
+    w_args, tensors, dequant, fake = _weight_plan(where, q, weight)
+    if not _bits_equal(dequant.to(fake.dtype), fake):
+        raise _refuse(where, "its codes times its scales do not reproduce its output "
+                             "bit for bit (a rule this exporter does not know)")
+    return w_args, tensors, fake
+
+
 # --- inputs -------------------------------------------------------------------------------
 
 
@@ -354,20 +365,35 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
 
 
 def _quantizers_outside(model: torch.nn.Module, linears: Dict[str, quant_nn.QuantLinear]) -> List[str]:
-    """The enabled quantizers that are not a QuantLinear's own (attention, convolutions, ...)."""
+    """The enabled quantizers that are not a QuantLinear's own nor a fused-experts module's
+    (attention, convolutions, ...)."""
+    from ..experts import is_fused_experts
+
+    experts = tuple(f"{name}." for name, m in model.named_modules() if is_fused_experts(m))
     found = []
     for name, module in model.named_modules():
         if isinstance(module, TensorQuantizer) and module.is_enabled:
             owner = name.rsplit(".", 1)[0] if "." in name else ""
-            if owner not in linears:
+            if owner not in linears and not name.startswith(experts):
                 found.append(name)
     return found
 
 
 def plan(model: torch.nn.Module) -> Tuple[Dict[str, LayerPlan], List[str]]:
-    """``({qualified name: LayerPlan} of the quantized Linear layers, [qualified names of the
-    float Linear layers]})``: what :func:`export_compressed_tensors` writes, computed without
-    writing anything. Raises ValueError naming the first quantizer the format cannot describe."""
+    """``({qualified name: LayerPlan} of the quantized Linear layers and expert projections,
+    [qualified names of the float Linear layers and routers]})``: what
+    :func:`export_compressed_tensors` writes, computed without writing anything (the experts
+    of a MoE layer by their names in the checkpoint, ``...experts.E.gate_proj``: see
+    ``fakequant/serve/_experts.py``). Raises ValueError naming the first quantizer the format
+    cannot describe."""
+    plans, ignore, _ = _plan(model)
+    return plans, ignore
+
+
+def _plan(model: torch.nn.Module) -> Tuple[Dict[str, LayerPlan], List[str], Any]:
+    """:func:`plan`, and the experts' part of it (an ``_experts.ExpertsPlan``)."""
+    from ._experts import plan_experts
+
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     quantized: Dict[str, quant_nn.QuantLinear] = {}
@@ -396,27 +422,36 @@ def plan(model: torch.nn.Module) -> Tuple[Dict[str, LayerPlan], List[str]]:
         if shared:
             raise _refuse(f"{name}.weight_quantizer", f"its weight is shared with {shared[0]} (tied embeddings?): "
                                                       "a checkpoint holds one tensor for both; leave the layer in float")
-        w_args, tensors, dequant, fake = _weight_plan(f"{name}.weight_quantizer", wq, module.weight)
-        if not _bits_equal(dequant.to(fake.dtype), fake):
-            raise _refuse(f"{name}.weight_quantizer", "its codes times its scales do not reproduce its output "
-                                                      "bit for bit (a rule this exporter does not know)")
+        w_args, tensors, _ = _exact_weight_plan(f"{name}.weight_quantizer", wq, module.weight)
         i_args, i_tensors = _input_plan(f"{name}.input_quantizer", iq)
         tensors.update(i_tensors)
         plans[name] = LayerPlan(w_args, i_args, tensors, tuple(module.weight.shape))
+    experts = plan_experts(model)
+    plans.update(experts.plans)
+    ignore += experts.ignore
     if not plans:
         raise ValueError("model has no quantized Linear layer (convert it with fakequant.quantize_model first)")
-    return plans, sorted(ignore)
+    return plans, sorted(ignore), experts
 
 
-def _scheme_groups(ct: Any, plans: Dict[str, LayerPlan], ignore: List[str]) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """compressed-tensors' config groups ({group name: QuantizationScheme}) and each layer's format."""
+def _scheme_key(p: LayerPlan) -> str:
+    """What makes two layers' schemes one config group: their weights' and inputs' arguments."""
+    return repr((sorted(p.weights.items()), sorted((p.inputs or {}).items())))
+
+
+def _scheme_groups(ct: Any, plans: Dict[str, LayerPlan], ignore: List[str], experts: Optional[Any] = None
+                   ) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """compressed-tensors' config groups ({group name: QuantizationScheme}) and each layer's format.
+    With several groups, the experts of each MoE module are named by one ``re:`` target
+    (``re:^<module>\\.\\d+\\.(gate_proj|up_proj|down_proj)$``), the form transformers reads as
+    the experts' group (``get_experts_scheme``)."""
     from compressed_tensors.compressors.format import infer_module_format
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
     kinds: Dict[str, List[str]] = {}
     specs: Dict[str, Tuple[Dict[str, Any], Optional[Dict[str, Any]]]] = {}
     for name, p in plans.items():
-        key = repr((sorted(p.weights.items()), sorted((p.inputs or {}).items())))
+        key = _scheme_key(p)
         kinds.setdefault(key, []).append(name)
         specs[key] = (p.weights, p.inputs)
     groups: Dict[str, Any] = {}
@@ -425,7 +460,7 @@ def _scheme_groups(ct: Any, plans: Dict[str, LayerPlan], ignore: List[str]) -> T
     for i, (key, names) in enumerate(kinds.items()):
         w_args, i_args = specs[key]
         # one scheme: every Linear not ignored (by its full name); several: each layer by its full name
-        targets = ["Linear"] if single else names
+        targets = ["Linear"] if single else _targets(names, experts)
         scheme = QuantizationScheme(targets=targets, weights=QuantizationArgs(**w_args),
                                     input_activations=None if i_args is None else QuantizationArgs(**i_args))
         fmt = infer_module_format(torch.nn.Linear, scheme).value
@@ -434,6 +469,19 @@ def _scheme_groups(ct: Any, plans: Dict[str, LayerPlan], ignore: List[str]) -> T
         for name in names:
             formats[name] = fmt
     return groups, formats
+
+
+def _targets(names: List[str], experts: Optional[Any]) -> List[str]:
+    """The full names of a group's Linear layers, and a ``re:`` target per MoE module for its experts."""
+    import re
+
+    modules = {} if experts is None else dict(experts.modules.values())
+    grouped = {n: prefix for prefix, members in modules.items() for n in members}
+    targets = [n for n in names if n not in grouped]
+    for prefix in dict.fromkeys(grouped[n] for n in names if n in grouped):
+        parts = sorted({n.rsplit(".", 1)[1] for n in modules[prefix]})
+        targets.append(f"re:^{re.escape(prefix)}\\.\\d+\\.({'|'.join(parts)})$")
+    return targets
 
 
 def _stored(ct: Any, fmt: str, tensors: Dict[str, torch.Tensor], w_args: Dict[str, Any], shape: Tuple[int, ...]) -> Dict[str, torch.Tensor]:
@@ -490,16 +538,21 @@ def export_compressed_tensors(model: torch.nn.Module, directory: Union[str, "os.
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig
 
-    plans, ignore = plan(model)
-    groups, formats = _scheme_groups(ct, plans, ignore)
+    from ._experts import check_expert_formats
+
+    plans, ignore, experts = _plan(model)
+    groups, formats = _scheme_groups(ct, plans, ignore, experts)
+    check_expert_formats(experts, formats, next(iter(groups.values())).format)
     single_format = set(formats.values())
     config = QuantizationConfig(config_groups=groups, ignore=ignore, quantization_status="compressed",
                                 format=single_format.pop() if len(single_format) == 1 else "mixed-precision")
 
     quantizer_prefixes = tuple(f"{name}." for name, m in model.named_modules() if isinstance(m, TensorQuantizer))
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(quantizer_prefixes)}
+    for name in experts.replaced:
+        del state[name]
     for name, p in plans.items():
-        del state[f"{name}.weight"]
+        state.pop(f"{name}.weight", None)  # (the experts' are in the fused parameters, replaced)
         for local, tensor in _stored(ct, formats[name], p.tensors, p.weights, p.shape).items():
             state[f"{name}.{local}"] = tensor.contiguous()
 
