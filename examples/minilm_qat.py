@@ -15,9 +15,11 @@ with Python has it.
    normalisation, as sentence-transformers does for this model);
 3. for each recipe (fakequant.presets): post-training quantization (PTQ) calibrated with
    max, and with a histogram method where the recipe has per-tensor static quantizers;
-4. quantization-aware training (QAT) by distillation, from the max calibration: the
-   quantized model learns to reproduce the float model's embeddings of training texts
-   (loss 1 - cosine; 80 steps of 16 texts for 4-bit recipes, 20 gentler ones for 8-bit);
+4. quantization-aware training (QAT) by distillation from the float model as teacher, from
+   the max calibration: the quantized model learns to reproduce the float model's embeddings
+   of training texts, with fakequant.distill's loss (hidden_state_loss, metric "cosine": the
+   mean of 1 - cosine similarity; 80 steps of 16 texts for 4-bit recipes, 20 gentler ones
+   for 8-bit);
 5. exports each QAT model to ONNX (QuantizeLinear/DequantizeLinear, dynamo exporter) and
    runs the held-out set in ONNX Runtime;
 6. prints the table (also written to DIR/results.md, with DIR/results.json) and plots
@@ -246,9 +248,11 @@ def calibrate(model, calib_batches, method):
 
 
 def qat(model, train_batches, targets, lr, desc):
-    """Distillation: 1 - cosine(quantized embedding, float embedding), AdamW with a linear
-    warm-up and a cosine decay; the word/position embeddings stay frozen (they are not
-    quantized), and dropout stays off (the model is in eval mode, gradients on)."""
+    """Quantization-aware distillation from the float model as teacher, with fakequant.distill's
+    loss: ``hidden_state_loss(metric="cosine")``, the mean over the batch of 1 - cosine(quantized
+    embedding, float embedding). AdamW with a linear warm-up and a cosine decay; the
+    word/position embeddings stay frozen (they are not quantized), and dropout stays off (the
+    model is in eval mode, gradients on)."""
     torch.manual_seed(SEED)
     params = [p for n, p in model.named_parameters() if not n.startswith("bert.embeddings.")]
     for n, p in model.named_parameters():
@@ -263,7 +267,7 @@ def qat(model, train_batches, targets, lr, desc):
     bar = tqdm(list(zip(train_batches, targets)), desc=desc, unit="step", leave=False)
     for (ids, mask), target in bar:
         emb = model(ids, mask)
-        loss = (1 - (emb * target).sum(-1)).mean()
+        loss = fakequant.distill.hidden_state_loss([emb], [target], metric="cosine")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -3,7 +3,8 @@
 :func:`distillation_loss` is the loss of a plain training loop: the KL divergence from the
 teacher's token distribution to the student's (softened by ``temperature``, scaled by its
 square so that gradients keep their size), optionally mixed with the student's own loss and
-a hidden-state loss. :class:`QADTrainer` is ``transformers.Trainer`` with that loss
+:func:`hidden_state_loss` (the mean squared error or 1 - cosine similarity between hidden
+states or embeddings). :class:`QADTrainer` is ``transformers.Trainer`` with that loss
 (``Trainer.compute_loss`` is the documented place to change it); everything else of the
 Trainer (checkpoints, resume, evaluation, distributed) is the Trainer's.
 """
@@ -42,13 +43,35 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     return per_token.mean() * temperature**2
 
 
-def hidden_state_loss(student_hidden: Sequence[torch.Tensor], teacher_hidden: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The mean squared error between the student's and the teacher's hidden states (for
-    example ``output_hidden_states=True``'s), averaged over the layers, in float32."""
+_HIDDEN_METRICS = ("mse", "cosine")
+
+
+def _check_metric(name: str, metric: str) -> None:
+    if metric not in _HIDDEN_METRICS:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, _HIDDEN_METRICS))}, got {metric!r}")
+
+
+def hidden_state_loss(student_hidden: Sequence[torch.Tensor], teacher_hidden: Sequence[torch.Tensor],
+                      *, metric: str = "mse") -> torch.Tensor:
+    """The distance between the student's and the teacher's hidden states (for example
+    ``output_hidden_states=True``'s, or sentence embeddings), averaged over the layers, in
+    float32; the teacher's are detached.
+
+    Args:
+        student_hidden, teacher_hidden: as many tensors each, pairwise of the same shape.
+        metric: ``"mse"``, the mean squared error over all elements; or ``"cosine"``, the
+            mean over all vectors along the last dimension of ``1 - cosine_similarity``
+            (0 for vectors in the same direction, 2 for opposite ones).
+    """
+    _check_metric("metric", metric)
     if len(student_hidden) != len(teacher_hidden) or not student_hidden:
         raise ValueError(f"student_hidden and teacher_hidden must hold as many (> 0) tensors, got "
                          f"{len(student_hidden)} and {len(teacher_hidden)}")
-    losses = [F.mse_loss(s.float(), t.detach().float()) for s, t in zip(student_hidden, teacher_hidden)]
+    if metric == "cosine":
+        losses = [(1 - F.cosine_similarity(s.float(), t.detach().float(), dim=-1)).mean()
+                  for s, t in zip(student_hidden, teacher_hidden)]
+    else:
+        losses = [F.mse_loss(s.float(), t.detach().float()) for s, t in zip(student_hidden, teacher_hidden)]
     return torch.stack(losses).mean()
 
 
@@ -63,25 +86,29 @@ def _build_trainer() -> Any:
         ``kd_weight * distillation_loss(student, teacher, temperature)`` (over the tokens whose
         label is not -100, when labels are given), plus ``(1 - kd_weight)`` times the student's
         own loss when ``kd_weight < 1``, plus ``hidden_weight * hidden_state_loss`` when
-        ``hidden_weight > 0``.
+        ``hidden_weight > 0`` (with ``hidden_metric``, ``"mse"`` or ``"cosine"``).
 
         ``QADTrainer(model=quantized, teacher_model=float_model, args=TrainingArguments(...),
-        train_dataset=..., temperature=1.0, kd_weight=1.0, hidden_weight=0.0)``; every other
-        argument is the Trainer's. The teacher is put in eval mode, frozen, and moved to the
-        training device. (Built on ``transformers.Trainer`` when first asked for:
-        ``fakequant.distill.QADTrainer``; importing fakequant does not import transformers.)
+        train_dataset=..., temperature=1.0, kd_weight=1.0, hidden_weight=0.0,
+        hidden_metric="mse")``; every other argument is the Trainer's. The teacher is put in
+        eval mode, frozen, and moved to the training device. (Built on ``transformers.Trainer``
+        when first asked for: ``fakequant.distill.QADTrainer``; importing fakequant does not
+        import transformers.)
         """
 
         def __init__(self, *args: Any, teacher_model: torch.nn.Module, temperature: float = 1.0,
-                     kd_weight: float = 1.0, hidden_weight: float = 0.0, **kwargs: Any) -> None:
+                     kd_weight: float = 1.0, hidden_weight: float = 0.0, hidden_metric: str = "mse",
+                     **kwargs: Any) -> None:
             if not isinstance(teacher_model, torch.nn.Module):
                 raise TypeError(f"teacher_model must be a torch.nn.Module, got {type(teacher_model).__name__}")
             for name, value in (("kd_weight", kd_weight), ("hidden_weight", hidden_weight)):
                 if not value >= 0:
                     raise ValueError(f"{name} must be >= 0, got {value}")
+            _check_metric("hidden_metric", hidden_metric)
             super().__init__(*args, **kwargs)
             self.teacher_model = teacher_model.eval().requires_grad_(False).to(self.args.device)
             self.temperature, self.kd_weight, self.hidden_weight = temperature, kd_weight, hidden_weight
+            self.hidden_metric = hidden_metric
 
         def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
                          num_items_in_batch: Any = None) -> Any:
@@ -96,7 +123,8 @@ def _build_trainer() -> Any:
             if self.kd_weight < 1 and getattr(outputs, "loss", None) is not None:
                 loss = loss + (1 - self.kd_weight) * outputs.loss
             if hidden:
-                loss = loss + self.hidden_weight * hidden_state_loss(outputs.hidden_states, teacher.hidden_states)
+                loss = loss + self.hidden_weight * hidden_state_loss(outputs.hidden_states, teacher.hidden_states,
+                                                                       metric=self.hidden_metric)
             return (loss, outputs) if return_outputs else loss
 
     QADTrainer.__module__ = __name__

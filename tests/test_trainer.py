@@ -72,6 +72,36 @@ def test_distillation_loss_is_the_tempered_kl_from_the_teacher():
         distill.distillation_loss(s, t[:1])
 
 
+@pytest.mark.parametrize("shape", [(6, 16), (2, 5, 16), (3, 1, 7)])
+def test_hidden_state_loss_cosine_is_one_minus_the_cosine_per_vector(shape):
+    g = torch.Generator().manual_seed(0)
+    s = [torch.randn(shape, generator=g), torch.randn(shape, generator=g).double()]
+    t = [torch.randn(shape, generator=g), torch.randn(shape, generator=g)]
+    per_layer = [(1 - (torch.nn.functional.normalize(a.float(), dim=-1)
+                       * torch.nn.functional.normalize(b, dim=-1)).sum(-1)).mean() for a, b in zip(s, t)]
+    loss = distill.hidden_state_loss(s, t, metric="cosine")
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, torch.stack(per_layer).mean())
+    torch.testing.assert_close(distill.hidden_state_loss(t, t, metric="cosine"), torch.tensor(0.0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(distill.hidden_state_loss(t, [-x for x in t], metric="cosine"), torch.tensor(2.0))
+    torch.testing.assert_close(distill.hidden_state_loss(t, [3 * x for x in t], metric="cosine"), torch.tensor(0.0),
+                               atol=1e-6, rtol=0)
+
+
+def test_hidden_state_loss_mse_by_default_and_no_gradient_into_the_teacher():
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(2, 5, 8, generator=g, requires_grad=True)
+    t = torch.randn(2, 5, 8, generator=g, requires_grad=True)
+    assert bits_equal(distill.hidden_state_loss([s], [t]), torch.nn.functional.mse_loss(s, t.detach()))
+    for metric in ("mse", "cosine"):
+        s.grad = t.grad = None
+        distill.hidden_state_loss([s], [t], metric=metric).backward()
+        assert s.grad is not None and s.grad.abs().sum() > 0, metric
+        assert t.grad is None, metric
+    with pytest.raises(ValueError, match="metric"):
+        distill.hidden_state_loss([s], [t], metric="l1")
+
+
 def _kl_to_teacher(student, teacher, data):
     ids = torch.stack([d["input_ids"] for d in data])
     with torch.no_grad():
@@ -92,3 +122,19 @@ def test_qad_trainer_brings_the_quantized_student_to_its_float_teacher(tmp_path)
     assert after < 0.8 * before, (before, after)
     with pytest.raises(TypeError, match="teacher_model"):
         distill.QADTrainer(model=student, teacher_model="teacher", args=_args(tmp_path))
+    with pytest.raises(ValueError, match="hidden_metric"):
+        distill.QADTrainer(model=student, teacher_model=teacher, args=_args(tmp_path), hidden_metric="l2")
+
+
+def test_qad_trainer_hidden_metric_is_the_hidden_state_loss_metric(tmp_path):
+    teacher = _llama(seed=3, initializer_range=0.3).eval()
+    student = fakequant.quantize_model(copy.deepcopy(teacher), preset="W4A8").eval()
+    trainer = distill.QADTrainer(model=student, teacher_model=teacher, args=_args(tmp_path, save_strategy="no"),
+                                 train_dataset=_data(), hidden_weight=0.5, hidden_metric="cosine")
+    ids = torch.stack([d["input_ids"] for d in _data(n=2)])
+    with torch.no_grad():
+        loss = trainer.compute_loss(student, {"input_ids": ids, "labels": ids})
+        s, t = student(ids, output_hidden_states=True), teacher(ids, output_hidden_states=True)
+        expected = (distill.distillation_loss(s.logits, t.logits)
+                    + 0.5 * distill.hidden_state_loss(s.hidden_states, t.hidden_states, metric="cosine"))
+    torch.testing.assert_close(loss, expected)
