@@ -5,6 +5,7 @@ pytorch-quantization-shaped API in :mod:`fakequant.tensor_quant`,
 :mod:`fakequant.nn` (``from fakequant import nn as quant_nn``),
 :mod:`fakequant.calib` and :mod:`fakequant.quant_modules`.
 """
+import sys
 
 from ._version import __version__
 
@@ -41,4 +42,5 @@ calib.calibrate_weights = calib.histogram.calibrate_weights = utils.calibrate_we
 from . import onnx  # TorchScript export symbolics (dynamo: fakequant.onnx.export / custom_translation_table)
 from . import distill, experts, pretrained
 
-pretrained.register_when_imported()  # from_pretrained of a fakequant checkpoint (fakequant.pretrained)
+if "transformers" in sys.modules:  # from_pretrained of a fakequant checkpoint (fakequant.pretrained)
+    pretrained.register()

@@ -13,22 +13,14 @@ finds ``quant_method "fakequant"`` in transformers' quantization registries
 same recipe before the weights load, creates the amax buffers, and loads everything into them:
 the same model, bit for bit, in eval and in training.
 
-The registration (:func:`register`) happens without a call of the user's, in whichever order
-fakequant and transformers are imported: ``import fakequant`` registers at once when
-transformers' quantizer registry (``transformers.quantizers.auto``, which
-``transformers.modeling_utils`` imports, so before any model exists) is already imported;
-otherwise it asks Python's import system (a finder on ``sys.meta_path``, removed after its one
-use) to register right after that module runs. Nothing of transformers is changed, and a
-script that never touches a transformers model does not pay for its quantizer registry (about 3 s).
-``quantize_model`` on a transformers model registers too.
+The registration happens on :func:`register` (``import fakequant`` calls it when transformers
+is already imported, and ``quantize_model`` does on a transformers model); a script that
+imports fakequant before transformers and only loads calls ``fakequant.pretrained.register()``.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.machinery
 import sys
-import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
@@ -37,7 +29,7 @@ from .nn.tensor_quantizer import TensorQuantizer
 from .tensor_quant import QuantDescriptor
 
 __all__ = ["QUANT_METHOD", "amax_shapes", "attach", "detached", "is_pretrained_model", "recipe_kwargs", "register",
-           "register_when_imported", "set_converter"]
+           "set_converter"]
 
 QUANT_METHOD = "fakequant"
 
@@ -173,56 +165,6 @@ def register() -> None:
         register_quantizer(QUANT_METHOD)(FakequantHfQuantizer)
     _classes.update(config=AUTO_QUANTIZATION_CONFIG_MAPPING[QUANT_METHOD],
                     quantizer=AUTO_QUANTIZER_MAPPING[QUANT_METHOD])
-
-
-REGISTRY = "transformers.quantizers.auto"  # transformers' quantization registries
-
-
-class _RegisterAfter(importlib.abc.Loader):
-    """The loader of transformers' quantizer registry, then :func:`register`."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def __getattr__(self, name: str) -> Any:  # (get_source, is_package, ...: the real loader's)
-        return getattr(self._loader, name)
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        try:
-            register()
-        except Exception as e:  # never break transformers' import: say so, load models in float
-            warnings.warn(f"fakequant could not register its quantization_config with transformers ({e}); "
-                          "fakequant checkpoints load in float until fakequant.pretrained.register() succeeds",
-                          RuntimeWarning, stacklevel=2)
-
-
-class _RegistryFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when transformers' quantizer registry is first imported, it takes
-    the spec the other finders give and runs :func:`register` after the module (once)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != REGISTRY:
-            return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _RegisterAfter(spec.loader)
-        return spec
-
-
-def register_when_imported() -> None:
-    """:func:`register` now if transformers' quantizer registry is imported, else right after
-    it is (``import fakequant`` calls this)."""
-    if REGISTRY in sys.modules:
-        register()
-    elif not _classes and not any(isinstance(f, _RegistryFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegistryFinder())
 
 
 def attach(model: Any, recipe: Dict[str, Any], quantizer: Any = None) -> None:
