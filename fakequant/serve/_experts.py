@@ -47,7 +47,7 @@ class ExpertLayout(NamedTuple):
 
 
 #: The model types whose experts are written, and their checkpoint layout (the inverse of
-#: transformers' conversion mapping for them: ``transformers/conversion_mapping.py``).
+#: transformers' conversion mapping for them: ``transformers.conversion_mapping``).
 LAYOUTS: Dict[str, ExpertLayout] = {
     "qwen3_moe": ExpertLayout((), {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}, "gate"),
     "mixtral": ExpertLayout(((".mlp.", ".block_sparse_moe."),),
@@ -209,7 +209,7 @@ def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
 
 
 #: The storage formats whose experts transformers' compressed-tensors loader dequantizes
-#: (``CompressedTensorsDequantize`` in ``transformers/integrations/compressed_tensors.py``):
+#: (``CompressedTensorsDequantize`` in ``transformers.integrations.compressed_tensors``):
 #: FP8 weights times their float32 scales, and packed codes (``weight_packed``, ``weight_scale``,
 #: ``weight_shape``) through compressed-tensors' decompressor. Not: ``int-quantized`` (it reads
 #: only ``weight_packed`` for non-FP8 experts), ``mxfp8-quantized`` (it multiplies FP8 weights by
