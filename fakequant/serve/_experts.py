@@ -182,6 +182,7 @@ def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
                 raise _refuse_experts(where, "expert weights with a global scale per expert (NVFP4): transformers' "
                                              "compressed-tensors loader decompresses packed experts without their "
                                              "weight_global_scale")
+            assert isinstance(wq, TensorQuantizer)  # (what _enabled accepts, less the list)
             with torch.no_grad():
                 fake = _fused.quantized_weight(module, proj).detach().cpu()
             outputs: Dict[torch.dtype, torch.Tensor] = {}
@@ -194,14 +195,14 @@ def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
                 i_args, i_tensors = (None, {}) if iq is None else _input_plan(f"{name}.{proj}_input_quantizer.{e}",
                                                                              iq[e])
                 tensors.update(i_tensors)
-                parts = layout.projections[proj]
+                split = layout.projections[proj]
                 rows = weight.shape[1]
-                if rows % len(parts):
-                    raise _refuse_experts(name, f"{proj} of {rows} rows cannot be split into {list(parts)}")
-                for part, part_tensors in zip(parts, _split(tensors, rows, len(parts))):
+                if rows % len(split):
+                    raise _refuse_experts(name, f"{proj} of {rows} rows cannot be split into {list(split)}")
+                for part, part_tensors in zip(split, _split(tensors, rows, len(split))):
                     checkpoint = f"{prefix}.{e}.{part}"
                     result.plans[checkpoint] = LayerPlan(w_args, i_args, part_tensors,
-                                                          (rows // len(parts), weight.shape[2]))
+                                                          (rows // len(split), weight.shape[2]))
                     names.append(checkpoint)
             result.replaced.append(f"{name}.{proj}")
         result.modules[name] = (prefix, names)
