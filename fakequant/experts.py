@@ -224,9 +224,13 @@ def _grouped_inputs(quantizers: Optional[QuantizerList], x: torch.Tensor, expert
     """Row ``i`` of ``x`` through ``quantizers[expert[i]]``, in static shapes: each quantizer
     sees its own rows and zeros elsewhere. A quantizer's output on a row depends on that row
     and its calibrated state only, or (a dynamic per-tensor amax) on the largest magnitude
-    of its rows, which the zeros do not change: the rows get the eager loop's values."""
+    of its rows, which the zeros do not change: the rows get the eager loop's values. Alike
+    quantizers that work row by row (:meth:`QuantizerList.shared`) take all the rows in one call."""
     if quantizers is None:
         return x
+    shared = quantizers.shared()
+    if shared is not None:  # (row-wise and alike: one call for every expert's rows)
+        return shared(x)
     out = x
     for e, q in enumerate(quantizers):
         mine = (expert == e).unsqueeze(-1)

@@ -231,6 +231,30 @@ def test_compiled_experts_compute_the_routed_tokens_only():
     assert code.count("experts_linear") == 2 and code.replace("experts_linear", "").count("linear(") == 1
 
 
+ROW_WISE = {"W8A8", "W8A8_ASYM", "W4A8", "FP8_PER_CHANNEL", "MXFP8", "MXFP4", "GGUF_Q8_0", "GGUF_Q4_0"}
+
+
+@pytest.mark.parametrize("preset", sorted(p for p in presets.PRESETS if presets.PRESETS[p].input is not None))
+def test_alike_row_wise_input_quantizers_quantize_every_experts_rows_in_one_call(preset):
+    """QuantizerList.shared: for per-token and block inputs whose scales read no amax, one
+    member gives every member's output, bit for bit (the grouped forward then makes one call
+    a projection); calibrated (INT8, FP8) and E4M3-scaled (NVFP4) inputs are per expert."""
+    model = _quantized("qwen3_moe", preset)
+    inputs = _experts_of(model)[0].gate_up_proj_input_quantizer
+    shared = inputs.shared()
+    assert (shared is not None) == (preset in ROW_WISE)
+    if shared is None:
+        return
+    x = torch.randn(12, 64, generator=torch.Generator().manual_seed(2)) * 3
+    for q in inputs:
+        assert bits_equal(shared(x), q(x))
+    inputs[1].disable()  # a member unlike the others
+    assert inputs.shared() is None
+    inputs[1].enable()
+    inputs[2].pre_quant_scale = torch.full((64,), 0.5)  # a member with a state of its own
+    assert inputs.shared() is None
+
+
 def _segments_reference(x, weight, counts):
     out, start = torch.zeros(x.shape[0], weight.shape[1], dtype=x.dtype), 0
     for e, n in enumerate(counts.tolist()):

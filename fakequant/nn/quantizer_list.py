@@ -2,7 +2,7 @@
 (the experts of a mixture-of-experts layer), and the rule for members calibration did not reach."""
 from __future__ import annotations
 
-from typing import Iterable, List, cast
+from typing import Any, Iterable, List, Optional, Tuple, cast
 
 import torch
 from torch import nn
@@ -33,6 +33,34 @@ class QuantizerList(nn.ModuleList):
     def quantizers(self) -> List[TensorQuantizer]:
         """The members, in order."""
         return [cast(TensorQuantizer, q) for q in self]
+
+    def shared(self) -> Optional[TensorQuantizer]:
+        """A member whose output on each row of an input (its last dimension) is what every
+        member gives that row, or None. That holds when the members are alike (one
+        configuration, the same switches, no learned range, no pre-quantization scale) and
+        quantize each row from that row alone: dynamic blocks along the last axis (per token,
+        or blocks of a row) whose scales read no amax (integer, E8M0 and llama.cpp's float16
+        block scales; not E4M3 block scales, which are relative to a per-tensor amax). A
+        calibrated amax such members keep is not read by their forward. Then one call
+        quantizes rows bound for different members (the experts' grouped forward,
+        :mod:`fakequant.experts`)."""
+        members = self.quantizers()
+        if not members:
+            return None
+        spec = members[0].spec
+        block = spec.kernel_block
+        if not (spec.fake_quant and spec.dynamic and not spec.learn_amax and block is not None and block[0] == -1
+                and spec.scale_bits in (None, (8, 0), (5, 10))):
+            return None
+
+        def switches(q: TensorQuantizer) -> Tuple[Any, ...]:
+            return (q.spec, q._disabled, q._if_quant, q._if_clip, q._if_calib, q._quantizes_weight)
+
+        for q in members:
+            buffers = {name for name, _ in q.named_buffers(recurse=False)}
+            if next(q.parameters(), None) is not None or buffers - {"_amax"} or switches(q) != switches(members[0]):
+                return None
+        return members[0]
 
     def fill_uncalibrated(self, uncalibrated: Iterable[TensorQuantizer]) -> List[int]:
         """Gives each quantizer of ``uncalibrated`` that is a member the largest amax of the
