@@ -12,16 +12,17 @@ the output gradient and ``x`` (``weight``). Not a fake-quant operator: it lives 
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, List, Tuple
 
 import torch
 
 __all__ = ["experts_linear"]
 
 
-def _segments(counts: torch.Tensor):
+def _segments(counts: List[int]):
+    """``(expert, first row, end row)`` of each expert with rows."""
     start = 0
-    for e, n in enumerate(counts.tolist()):
+    for e, n in enumerate(counts):
         if n:
             yield e, start, start + n
         start += n
@@ -33,11 +34,12 @@ def experts_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     if x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
         raise ValueError(f"experts_linear takes x (rows, in) and weight (experts, out, in), got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    if counts.shape != (weight.shape[0],) or int(counts.sum()) > x.shape[0]:
+    rows = counts.tolist()  # (the one device-to-host copy)
+    if counts.shape != (weight.shape[0],) or sum(rows) > x.shape[0]:
         raise ValueError(f"counts must hold one row count per expert ({weight.shape[0]}), at most {x.shape[0]} "
-                         f"in all, got {counts.tolist()}")
+                         f"in all, got {rows}")
     out = x.new_zeros(x.shape[0], weight.shape[1])
-    for e, a, b in _segments(counts):
+    for e, a, b in _segments(rows):
         torch.mm(x[a:b], weight[e].t(), out=out[a:b])
     return out
 
@@ -52,7 +54,7 @@ def experts_linear_weight_grad(grad: torch.Tensor, x: torch.Tensor, counts: torc
     """``(experts, out, in)``: ``grad[rows of e].T @ x[rows of e]`` per expert, zeros for
     experts without rows."""
     out = x.new_zeros(counts.shape[0], grad.shape[1], x.shape[1])
-    for e, a, b in _segments(counts):
+    for e, a, b in _segments(counts.tolist()):
         torch.mm(grad[a:b].t(), x[a:b], out=out[e])
     return out
 

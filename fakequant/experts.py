@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from ._experts_linear import experts_linear
 from .nn.quantizer_list import QuantizerList
 from .nn.tensor_quantizer import TensorQuantizer
-from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
+from .tensor_quant import QuantDescriptor, QuantSpec, ScaledQuantDescriptor
 
 __all__ = ["EXPERTS_IMPLEMENTATION", "add_expert_quantizers", "expert_projections", "is_fused_experts",
            "quantized_weight", "register_experts"]
@@ -93,8 +93,7 @@ def _weight_descriptor(desc: ScaledQuantDescriptor) -> ScaledQuantDescriptor:
 def _two_level(desc: ScaledQuantDescriptor) -> bool:
     """Blocks whose E4M3 scales are relative to a per-tensor amax (NVFP4): that amax is per
     expert, as each expert is a layer of its own (NVFP4 MoE checkpoints keep one per expert)."""
-    blocks = desc.block_sizes
-    return blocks is not None and blocks.get("scale_bits") not in (None, (8, 0))
+    return QuantSpec.of(desc).scales_need_amax
 
 
 def add_expert_quantizers(model: torch.nn.Module, quant_desc_input: Optional[ScaledQuantDescriptor],
@@ -179,15 +178,25 @@ def quantized_weight(module: torch.nn.Module, proj: str) -> torch.Tensor:
     return w if quantizer is None else quantizer(w)
 
 
-def _expert(module: Any, projections, e: int, x: torch.Tensor) -> torch.Tensor:
-    """Expert ``e`` on rows ``x``: first projection, gate (or activation), second projection."""
-    (w1, b1, in1), (w2, b2, in2) = projections
-    h = F.linear(x if in1 is None else in1[e](x), w1[e], None if b1 is None else b1[e])
+def _mlp(module: Any, first: Callable[[torch.Tensor], torch.Tensor], second: Callable[[torch.Tensor], torch.Tensor],
+         x: torch.Tensor) -> torch.Tensor:
+    """What every form of the experts computes on rows ``x``: the first projection, the gate
+    (or the activation), the second projection, the optional post-expert norm."""
+    h = first(x)
     h = module._apply_gate(h) if getattr(module, "has_gate", True) else module.act_fn(h)
-    y = F.linear(h if in2 is None else in2[e](h), w2[e], None if b2 is None else b2[e])
+    y = second(h)
     if getattr(module, "has_post_expert_norm", False):
         y = module.post_expert_norm(y)
     return y
+
+
+def _expert(module: Any, projections, e: int, x: torch.Tensor) -> torch.Tensor:
+    """Expert ``e`` on rows ``x``."""
+    def linear(w: torch.Tensor, b: Optional[torch.Tensor], q: Optional[QuantizerList]):
+        return lambda t: F.linear(t if q is None else q[e](t), w[e], None if b is None else b[e])
+
+    (w1, b1, in1), (w2, b2, in2) = projections
+    return _mlp(module, linear(w1, b1, in1), linear(w2, b2, in2), x)
 
 
 def _quantized_experts(module: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -248,17 +257,15 @@ def _grouped(module: Any, projections, hidden_states: torch.Tensor, top_k_index:
     expert = flat[order]
     counts = (expert.unsqueeze(-1) == torch.arange(module.num_experts, device=expert.device)).sum(0)
     rows = order // top_k
+
+    def linear(w: torch.Tensor, b: Optional[torch.Tensor], q: Optional[QuantizerList]):
+        def grouped(t: torch.Tensor) -> torch.Tensor:
+            y = experts_linear(_grouped_inputs(q, t, expert).to(w.dtype), w, counts)
+            return y if b is None else y + b[expert.clamp(max=module.num_experts - 1)]
+        return grouped
+
     (w1, b1, in1), (w2, b2, in2) = projections
-    known = expert.clamp(max=module.num_experts - 1)
-    h = experts_linear(_grouped_inputs(in1, hidden_states[rows], expert).to(w1.dtype), w1, counts)
-    if b1 is not None:
-        h = h + b1[known]
-    h = module._apply_gate(h) if getattr(module, "has_gate", True) else module.act_fn(h)
-    y = experts_linear(_grouped_inputs(in2, h, expert).to(w2.dtype), w2, counts)
-    if b2 is not None:
-        y = y + b2[known]
-    if getattr(module, "has_post_expert_norm", False):
-        y = module.post_expert_norm(y)
+    y = _mlp(module, linear(w1, b1, in1), linear(w2, b2, in2), hidden_states[rows])
     valid = (expert < module.num_experts).unsqueeze(-1)  # (sentinel rows: zero, as the eager loop skips them)
     y = torch.where(valid, y * top_k_weights.reshape(-1)[order].unsqueeze(-1), torch.zeros_like(y))
     # back to (token, k) order and summed over k: no atomics, the same sum on every run

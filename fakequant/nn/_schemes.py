@@ -152,7 +152,7 @@ class _DynamicBlocks:
             num_bits, exponent_bits = spec.num_bits, 0
         scale_amax, computed = None, False
         e8m0 = spec.scale_bits == (8, 0)  # the MX formats: power-of-two block scales, nothing calibrated
-        if spec.scale_bits is not None and not e8m0:
+        if spec.scales_need_amax:
             # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
             amax = q.amax
             if amax is not None and amax.numel() == 1:

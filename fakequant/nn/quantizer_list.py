@@ -50,7 +50,7 @@ class QuantizerList(nn.ModuleList):
         spec = members[0].spec
         block = spec.kernel_block
         if not (spec.fake_quant and spec.dynamic and not spec.learn_amax and block is not None and block[0] == -1
-                and spec.scale_bits in (None, (8, 0), (5, 10))):
+                and not spec.scales_need_amax):
             return None
 
         def switches(q: TensorQuantizer) -> Tuple[Any, ...]:

@@ -19,6 +19,7 @@ ValueError naming the quantizer and why, before anything is written.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
@@ -473,8 +474,6 @@ def _scheme_groups(ct: Any, plans: Dict[str, LayerPlan], ignore: List[str], expe
 
 def _targets(names: List[str], experts: Optional[Any]) -> List[str]:
     """The full names of a group's Linear layers, and a ``re:`` target per MoE module for its experts."""
-    import re
-
     modules = {} if experts is None else dict(experts.modules.values())
     grouped = {n: prefix for prefix, members in modules.items() for n in members}
     targets = [n for n in names if n not in grouped]

@@ -70,6 +70,13 @@ class QuantSpec:
                    scale_amax=desc.scale_amax, learn_amax=desc.learn_amax)
 
     @property
+    def scales_need_amax(self) -> bool:
+        """Whether the block scales are relative to a per-tensor amax (E4M3 block scales,
+        NVFP4: calibrated, or each input's). E8M0 (MX) and llama.cpp's float16 block scales
+        come from their blocks alone."""
+        return self.scale_bits is not None and self.scale_bits not in ((8, 0), (5, 10))
+
+    @property
     def kernel_block(self) -> Optional[Tuple[int, Optional[int]]]:
         """``(axis, block_size)`` when the blocks run along one axis, which
         ``fake_quantize_blockwise`` computes dynamically in one pass; else None. A
