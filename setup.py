@@ -166,6 +166,29 @@ def build_info_header(info):
     return "\n".join(lines) + "\n"
 
 
+def static_libstdcxx(cxx, workdir):
+    """Whether the C++ compiler ``cxx`` (a command list) links libstdc++ into a shared library
+    statically, found by linking a small one and reading its dynamic section (readelf); None
+    when that cannot be told (no readelf, not ELF, the probe does not build). A toolchain that
+    ships only libstdc++.a does this: the library then carries its own copy of libstdc++
+    beside torch's, and the process dies at the first C++ exception it raises (the first GPU
+    run, 2026-11-27: docs/cuda.md)."""
+    readelf = shutil.which("readelf")
+    if readelf is None or not sys.platform.startswith("linux"):
+        return None
+    os.makedirs(workdir, exist_ok=True)
+    src, lib = os.path.join(workdir, "libstdcxx_probe.cpp"), os.path.join(workdir, "libstdcxx_probe.so")
+    with open(src, "w") as f:
+        f.write("#include <sstream>\n#include <string>\n"
+                "std::string fakequant_probe(long v) { std::ostringstream s; s << v; return s.str(); }\n")
+    try:
+        subprocess.run([*cxx, "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True, timeout=120)
+        dynamic = subprocess.run([readelf, "-d", lib], check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return "libstdc++" not in dynamic
+
+
 class BuildExtensionWithInfo(BuildExtension):
     """torch's BuildExtension, which also writes the build information header
     into the build directory for fakequant._build (rewritten only when it
@@ -190,6 +213,14 @@ class BuildExtensionWithInfo(BuildExtension):
         for ext in self.extensions:
             if ext.name == "fakequant._build":
                 ext.include_dirs.append(generated)
+        cxx = list(self.compiler.compiler_cxx or self.compiler.compiler_so)
+        if static_libstdcxx(cxx, os.path.join(os.path.abspath(self.build_temp), "probe")):
+            raise RuntimeError(
+                f"fakequant: the C++ compiler {' '.join(cxx)!r} links libstdc++ statically into shared "
+                "libraries (it finds libstdc++.a, not libstdc++.so): fakequant's library would carry a "
+                "second copy of libstdc++ beside torch's, and the process would crash at the first C++ "
+                "exception (an invalid argument). Build with a compiler that links it dynamically, "
+                "e.g. CC=/usr/bin/gcc CXX=/usr/bin/g++ (docs/cuda.md).")
         super().build_extensions()
 
 

@@ -29,6 +29,7 @@ not yet measured on a GPU.
 import torch
 
 from . import reference
+from ._core.numerics import divide
 from ._core.switches import onnx_export_enabled
 
 __all__ = ["set_compiled_path", "compiled_path", "active", "apply"]
@@ -118,7 +119,7 @@ def fake_quantize_affine(x, scale, zero_point, axis, quant_min, quant_max):
 
 
 def fake_quantize_min_max(x, min_range, max_range, num_bits):
-    step = (max_range.float() - min_range.float()) / float(2**num_bits - 1)
+    step = divide(max_range.float() - min_range.float(), 2**num_bits - 1)
     _assert((step > 0) & (step < float("inf")), "max_range must exceed min_range and both be finite")
     return apply(reference.fake_quantize_min_max, x, min_range, max_range, num_bits)
 

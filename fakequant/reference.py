@@ -22,7 +22,7 @@ from typing import Tuple
 
 import torch
 
-from ._core import AMAX_EPSILON, E4M3_MAX, E5M2_MAX, amax_range
+from ._core import AMAX_EPSILON, E4M3_MAX, E5M2_MAX, amax_range, divide, zero_keeping_sign
 
 __all__ = ["AMAX_EPSILON", "E2M1_VALUES", "amax_range", "blockwise_element_max",
            "blockwise_saturation_limit", "compute_dtype", "e8m0_scale_of", "fake_quantize_affine",
@@ -95,10 +95,10 @@ def _amax_common(x, amax, num_bits, unsigned, narrow_range):
     qmin, bound = amax_range(num_bits, unsigned, narrow_range)
     a32 = torch.as_tensor(amax).to(x.device, torch.float32)
     zero = a32 <= AMAX_EPSILON
-    s = torch.where(zero, torch.ones_like(a32), a32 / bound).to(ct)
+    s = torch.where(zero, torch.ones_like(a32), divide(a32, bound)).to(ct)
     r = torch.round(x.to(ct) / s)
     q = torch.clamp(r, qmin, bound)
-    q = torch.where(zero, r.clamp(0, 0), q)  # amax ~ 0: everything to 0, NaN stays NaN
+    q = torch.where(zero, zero_keeping_sign(r), q)  # amax ~ 0: everything to 0, NaN stays NaN
     mask = x.to(ct).abs() <= a32.to(ct)
     return q + 0.0, s, mask  # +0.0 for q = -0.0
 
@@ -120,7 +120,7 @@ def fake_quantize_min_max(x, min_range, max_range, num_bits=8):
     ct = compute_dtype(x)
     mn = torch.as_tensor(min_range).to(x.device, torch.float32)
     mx = torch.as_tensor(max_range).to(x.device, torch.float32)
-    step = (mx - mn) / (2**num_bits - 1)
+    step = divide(mx - mn, 2**num_bits - 1)
     first = torch.round(mn / step)
     r = torch.round(x.to(ct) / step.to(ct))
     q = torch.minimum(torch.maximum(r, first.to(ct)), (first + 2**num_bits - 1).to(ct))
@@ -150,10 +150,10 @@ def fake_quantize_fp8(x, amax, exponent_bits=4, mantissa_bits=3):
     ct = compute_dtype(x)
     a32 = torch.as_tensor(amax).to(x.device, torch.float32)
     zero = a32 <= AMAX_EPSILON
-    s = torch.where(zero, torch.ones_like(a32), a32 / fmax).to(ct)
+    s = torch.where(zero, torch.ones_like(a32), divide(a32, fmax)).to(ct)
     xs = x.to(ct) / s
     y = round_to_format(xs.clamp(-fmax, fmax).float(), exponent_bits, mantissa_bits).to(ct) * s
-    y = torch.where(zero, xs.clamp(0, 0), y)  # amax ~ 0: everything to 0, NaN stays NaN
+    y = torch.where(zero, zero_keeping_sign(xs), y)  # amax ~ 0: everything to 0 (-0.0 stays), NaN stays NaN
     mask = x.to(ct).abs() <= a32.to(ct)
     return y.to(x.dtype), mask
 
@@ -323,12 +323,11 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
         xb = xb.to(compute_dtype(x)) - center.to(compute_dtype(x))
     else:
         amax = xb.abs().amax(-1, keepdim=True).float()
-    # Divisions by tensors: torch's CUDA kernels multiply by the reciprocal of a Python number.
-    s = amax / torch.full_like(amax, elem_max)
+    s = divide(amax, elem_max)
     degenerate = amax <= AMAX_EPSILON
     if scale_amax is not None:
         sa = torch.as_tensor(scale_amax).to(x.device, torch.float32).reshape(1, 1, 1)
-        g = sa / torch.full_like(sa, elem_max * E4M3_MAX)  # elem_max * 448: exact
+        g = divide(sa, elem_max * E4M3_MAX)  # elem_max * 448: exact
         s = round_to_format(s / g, 4, 3) * g
         degenerate = degenerate | (g <= 0)
     degenerate = degenerate | (s == 0)
@@ -407,10 +406,10 @@ def fake_quantize_ggml(x, block_size=32, num_bits=8):
     padded = torch.nn.functional.pad(rows.float(), (0, nblocks * block_size - length))  # zeros: amax stays
     xb = padded.reshape(rows.shape[0], nblocks, block_size)
     if num_bits == 8:
-        d = xb.abs().amax(-1, keepdim=True) / torch.full((), 127.0, device=x.device)
+        d = divide(xb.abs().amax(-1, keepdim=True), 127.0)
     else:
         m = xb.gather(-1, xb.abs().argmax(-1, keepdim=True))  # argmax: the first of equal magnitudes
-        d = m / torch.full((), -8.0, device=x.device)
+        d = divide(m, -8.0)
     inv = torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / d)
     d16 = round_to_float16(d)
     v = xb * inv

@@ -27,6 +27,23 @@ def _seed():
     torch.manual_seed(0)
 
 
+# FAKEQUANT_CUDA_ARITHMETIC=1 (make cuda-arithmetic): every test under CUDA's arithmetic on the
+# CPU (tests/cuda_arithmetic.py), so that an expected value or a library path that would come
+# out differently on a GPU fails here.
+CUDA_ARITHMETIC = os.environ.get("FAKEQUANT_CUDA_ARITHMETIC") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _cuda_arithmetic():
+    if not CUDA_ARITHMETIC:
+        yield
+        return
+    from cuda_arithmetic import CudaArithmetic
+
+    with CudaArithmetic():
+        yield
+
+
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

@@ -177,3 +177,20 @@ def test_each_environment_builds_in_its_own_directory(setup_py):
     path = Path(setup_py.build_dir())
     assert path.parent == Path("build")
     assert f"torch{torch.__version__}" in path.name and f"cp{sys.version_info[0]}{sys.version_info[1]}" in path.name
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None or shutil.which("g++") is None, reason="needs g++ and readelf")
+def test_a_compiler_that_links_libstdcxx_statically_is_told(setup_py, tmp_path):
+    """A library with its own copy of libstdc++ beside torch's crashed the process at the first C++
+    exception on the first GPU machine (its toolchain shipped only libstdc++.a): the build refuses
+    such a compiler, and takes the usual one."""
+    assert setup_py.static_libstdcxx(["g++", "-static-libstdc++"], str(tmp_path / "static")) is True
+    assert setup_py.static_libstdcxx(["g++"], str(tmp_path / "shared")) is False
+    assert setup_py.static_libstdcxx(["no-such-compiler-g++"], str(tmp_path / "none")) is None
+
+
+def test_the_library_links_libstdcxx_dynamically():
+    if shutil.which("readelf") is None:
+        pytest.skip("needs readelf")
+    dynamic = subprocess.run(["readelf", "-d", fakequant._C.__file__], capture_output=True, text=True, check=True).stdout
+    assert "libstdc++" in dynamic

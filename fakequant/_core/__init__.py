@@ -22,6 +22,7 @@ from .constants import (
     float_format_max,
     min_max_levels,
 )
+from .numerics import divide, zero_keeping_sign
 from .errors import TypeAndAttributeError, TypeAndValueError, ValueAndRuntimeError
 from .switches import (
     ExportOptions,

@@ -43,7 +43,7 @@ def _edge(k: int, width: float) -> float:
 def percentile_amax(h: torch.Tensor, width: float, percentile: float) -> float:
     """The first bin edge where the cumulative fraction reaches ``percentile`` %
     (pytorch-quantization's rule: the lower edge of the bin that crosses it)."""
-    cdf = torch.cumsum(h.double() / float(h.sum()), 0)
+    cdf = torch.cumsum(_core.divide(h.double(), float(h.sum())), 0)
     idx = int(torch.searchsorted(cdf, torch.tensor([percentile / 100.0], dtype=torch.float64))[0])
     return _edge(idx, width)
 

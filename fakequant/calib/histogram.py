@@ -183,7 +183,7 @@ class HistogramCalibrator(_Calibrator):
         self._max = torch.maximum(self._max, batch_max)
 
         fresh = (self._width == 0) & (batch_max > 0)
-        self._width = torch.where(fresh, batch_max / self._num_bins, self._width)
+        self._width = torch.where(fresh, _core.divide(batch_max, self._num_bins), self._width)
         self._used = torch.where(fresh, torch.full_like(self._used, self._num_bins), self._used)
         grown = ~fresh & (self._width > 0) & (batch_max > self._used * self._width)
         if bool(grown.any()):

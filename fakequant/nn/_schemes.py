@@ -61,7 +61,7 @@ class _TorchNative:
         axis = list(amax.shape).index(flat.numel())
         flat = flat.float()
         degenerate = flat <= _core.AMAX_EPSILON
-        scale = torch.where(degenerate, torch.ones_like(flat), flat / bound).to(inputs.device)
+        scale = torch.where(degenerate, torch.ones_like(flat), _core.divide(flat, bound)).to(inputs.device)
         zero_point = torch.zeros_like(scale, dtype=torch.int32)
         outputs = torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, axis, qmin, bound)
         if bool(degenerate.any()):
@@ -128,7 +128,7 @@ class _Learned:
         # the amax operator does. Scale 1 does that to the clipped inputs (|x| <= amax < 1/2
         # round to 0, and their gradient passes) and leaves the range the clip stage's
         # gradient only. (Divided by a tensor: the IEEE quotient the operator computes.)
-        scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), amax / torch.full_like(amax, qmax))
+        scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), _core.divide(amax, qmax))
         return ops.fake_quantize_lsq(inputs, scale, 0, None, qmin, qmax)
 
 

@@ -156,7 +156,7 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         amax = self.amax
         if amax is None:
             return None
-        return amax / float(self.maxbound)
+        return _core.divide(amax, float(self.maxbound))
 
     @property
     def axis(self) -> Optional[Union[int, Tuple[int, ...]]]:

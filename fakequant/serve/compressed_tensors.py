@@ -227,7 +227,7 @@ def _weight_plan(where: str, q: Any, weight: torch.Tensor
         else:
             amax = _group_amax(where, q, w, size)
             args = {"strategy": "group", "group_size": size}
-        scale = amax / torch.full_like(amax, bound)
+        scale = _core.divide(amax, bound)
         scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(scale), scale)
         codes = _divide_out(y, scale)
         if is_int:  # (y / s is within an ulp of the integer; the check below compares what is written)
@@ -266,8 +266,8 @@ def _weight_plan(where: str, q: Any, weight: torch.Tensor
         scale_amax = _tensor_amax_of_blocks(q)
         scale_amax = w.abs().amax() if scale_amax is None else scale_amax
         elem_max = _core.float_format_max(_E2M1)
-        g = scale_amax / torch.tensor(elem_max * _core.float_format_max(_E4M3))
-        block_codes = ((amax / torch.full_like(amax, elem_max)) / g).clamp(
+        g = _core.divide(scale_amax, elem_max * _core.float_format_max(_E4M3))
+        block_codes = (_core.divide(amax, elem_max) / g).clamp(
             -_core.float_format_max(_E4M3), _core.float_format_max(_E4M3)).to(torch.float8_e4m3fn)
         scale = block_codes.float() * g
         degenerate = (amax <= _core.AMAX_EPSILON) | (g <= 0)
@@ -341,7 +341,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
                 raise _refuse(where, f"an amax of shape {tuple(static.shape)} with axis=None")
             bound = float(_core.amax_bound(bits)) if is_int else _core.float_format_max(_E4M3)
             amax = static.reshape(1)
-            scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), amax / torch.full_like(amax, bound))
+            scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), _core.divide(amax, bound))
             return {**base, "strategy": "tensor", "dynamic": False}, {"input_scale": scale}
         raise _refuse(where, f"axis={q.axis!r}, block_sizes={q.block_sizes}: the format's activation scales are "
                              "per tensor or per token (block_sizes {-1: None}, dynamic)")
@@ -351,7 +351,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
             raise _refuse(where, "NVFP4 activations without a calibrated per-tensor amax: the format's global "
                                  "activation scale is static (calibrate first: fakequant.calibrate)")
         amax = tensor_amax.reshape(1)
-        global_scale = torch.tensor([_core.float_format_max(_E4M3) * _core.float_format_max(_E2M1)]) / amax
+        global_scale = torch.full_like(amax, _core.float_format_max(_E4M3) * _core.float_format_max(_E2M1)) / amax
         return ({**base, "strategy": "tensor_group", "dynamic": "local", "group_size": _NVFP4_BLOCK,
                  "scale_dtype": "torch.float8_e4m3fn", "zp_dtype": "torch.float8_e4m3fn"},
                 {"input_global_scale": global_scale})
