@@ -131,6 +131,17 @@ cuda-build: $(CUDA_BUILD)/.built
 gpu-check:
 	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
+# `make cuda-arithmetic`: the operator suite and the library's parameter paths (quantizers,
+# calibration, serving export) again, under CUDA's rounding on the CPU (tests/cuda_arithmetic.py:
+# division by a number, the sign of a clamped zero, the last bit of exp2/log2...), so that an
+# expected value or a parameter that would come out otherwise on a GPU fails without one.
+CUDA_ARITHMETIC_TESTS ?= tests/test_ops.py tests/test_blockwise.py tests/test_fp8.py tests/test_mx.py \
+	tests/test_lsq.py tests/test_per_token.py tests/test_op_registration.py tests/test_tiny_amax.py \
+	tests/test_quantizer.py tests/test_calib.py tests/test_serve_compressed_tensors.py
+.PHONY: cuda-arithmetic
+cuda-arithmetic: build
+	FAKEQUANT_CUDA_ARITHMETIC=1 $(PY) -m pytest -q -p no:cacheprovider $(CUDA_ARITHMETIC_TESTS)
+
 .PHONY: cuda-emulate cuda-emulate-planted
 cuda-emulate: build
 	FAKEQUANT_EMULATOR_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_simt_emulator.py

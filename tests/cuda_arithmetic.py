@@ -178,7 +178,9 @@ class CudaArithmetic(TorchFunctionMode):
             if on_host and not getattr(out, _TAG, False):
                 setattr(out, _TAG, True)
             elif not on_host and getattr(out, _TAG, False):
-                out = out.view_as(out)  # .to(device) of a CPU tensor that returned it: on the GPU in a run on one
+                # .to(device) returned the CPU tensor itself: in a run on a GPU it is a new tensor there
+                # (and the CPU one, seldom used again, is taken to have moved with it)
+                setattr(out, _TAG, False)
         return out
 
 
