@@ -29,6 +29,7 @@ import math
 import numbers
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 _TAG = "_fakequant_on_the_host"
@@ -156,8 +157,8 @@ class CudaArithmetic(TorchFunctionMode):
         inplace = func in _DIV_INPLACE or func in _CLAMP_INPLACE
         before = (args[0].detach().clone(), *args[1:]) if inplace else args
         out = func(*args, **kwargs)
-        if not isinstance(out, torch.Tensor) or "out" in kwargs:
-            return out
+        if not isinstance(out, torch.Tensor) or "out" in kwargs or out.device.type != "cpu" or isinstance(out, FakeTensor):
+            return out  # (meta tensors of a model being built, fake tensors of a trace: no values)
         value = None
         if _on_the_gpu(args[0] if args else None):
             if (func in _DIV or func in _DIV_INPLACE) and len(args) >= 2 and kwargs.get("rounding_mode") is None \
