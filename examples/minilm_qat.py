@@ -284,9 +284,9 @@ def export_and_embed(model, example, path, batches, order, opset):
     """Exports to ONNX (dynamo, dynamic batch and sequence length) and embeds the held-out
     set in two ONNX Runtime sessions: ({"graph": embeddings, "default": embeddings}, export
     seconds, file size). "graph" runs the exported graph's own nodes (``ORT_DISABLE_ALL``):
-    what fakequant's export promises; "default" is ONNX Runtime's default session, which fuses
-    the QDQ pairs around a MatMul with constant scales (INT8's per-tensor activations) into int8
-    kernels, exact only on CPUs with VNNI (docs/export.md, "ONNX Runtime on x86 CPUs without VNNI").
+    what fakequant's export promises; "default" is ONNX Runtime's default session, with its
+    fusions (float ones here; where it fuses QDQ pairs into int8 kernels, they are exact only
+    on CPUs with VNNI: docs/export.md, "ONNX Runtime on x86 CPUs without VNNI").
 
     The exporter's own graph optimizer is off (``optimize=False``): on this model it takes
     two thirds of the export time, and ONNX Runtime folds the same constants when it loads
@@ -519,7 +519,7 @@ def main():
         print(f"ONNX Runtime vs PyTorch: top-1 agreement {min(r['ort']['top1'] for r in ort_rows):.1f}% at worst, "
               f"max abs embedding difference {max(r['ort']['max_abs_diff'] for r in ort_rows):.1e} "
               f"(the exported graph, ORT_DISABLE_ALL); ONNX Runtime's default session differs from the graph "
-              f"by up to {max(r['ort']['default_vs_graph'] for r in ort_rows):.1e} (its int8 kernels and fusions)")
+              f"by up to {max(r['ort']['default_vs_graph'] for r in ort_rows):.1e} (its fusions)")
     png = os.path.join(args.out, "ptq_vs_qat.png")
     plot(rows, float_top1, png)
     with open(os.path.join(args.out, "results.md"), "w") as f:
