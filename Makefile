@@ -6,6 +6,9 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 MAX_JOBS ?= 2
 
+# The versions the suite was last verified with (docs/install.md); `make test-latest`: the newest.
+CONSTRAINTS ?= constraints/test.txt
+
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 DEPS := $(VENV)/.deps-$(subst =,-,$(subst $() ,_,$(TORCH)))
@@ -21,14 +24,22 @@ $(DEPS):
 	rm -f $(VENV)/.deps-* $(VENV)/.built
 	touch $@
 
-$(VENV)/.built: $(DEPS) $(SOURCES)
-	MAX_JOBS=$(MAX_JOBS) $(PIP) install -q --no-build-isolation -e ".[test,demo,docs,typecheck,dist,serve]"
+$(VENV)/.built: $(DEPS) $(SOURCES) $(CONSTRAINTS)
+	MAX_JOBS=$(MAX_JOBS) $(PIP) install -q --no-build-isolation $(PIP_FLAGS) -e ".[test,demo,docs,typecheck,dist,serve]" \
+	  $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	touch $@
 
 build: $(VENV)/.built
 
 test: build
 	$(PY) -m pytest -q tests
+
+# The suite with the newest releases of the test dependencies (not in CI: it catches drift
+# before constraints/test.txt moves on), in a virtualenv of its own with the same torch.
+.PHONY: test-latest
+test-latest:
+	rm -f .venv-latest/.built
+	$(MAKE) --no-print-directory test VENV=.venv-latest CONSTRAINTS= PIP_FLAGS="--upgrade --upgrade-strategy eager"
 
 # The main job: float training, PTQ with four calibrations, QAT, ONNX Runtime (examples/).
 demo: build
@@ -41,7 +52,8 @@ demo: build
 # only the extra's requirements, and does not rebuild the extension.
 # One recipe list: make demo-llm DEMO_LLM_ARGS="--recipes W4A8,NVFP4"
 $(VENV)/.llm: $(VENV)/.built
-	$(PIP) install -q "fakequant[llm]==$$($(PY) -c 'from importlib.metadata import version; print(version("fakequant"))')"
+	$(PIP) install -q "fakequant[llm]==$$($(PY) -c 'from importlib.metadata import version; print(version("fakequant"))')" \
+	  $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	touch $@
 
 demo-llm: build $(VENV)/.llm

@@ -1,6 +1,7 @@
 """Shared test parameters: every op test runs on each device and dtype here; the slow
 marker (tests skipped unless FAKEQUANT_SLOW_TESTS=1: `make slow`, `make check`)."""
 import os
+import platform
 
 import pytest
 import torch
@@ -96,3 +97,55 @@ def assert_compiled_step_matches_eager(qat_step, device):
     out_e = qat_step(x, w)
     gx_e, gw_e = torch.autograd.grad(out_e, (x, w))
     assert torch.allclose(out_c, out_e) and torch.allclose(gx_c, gx_e) and torch.allclose(gw_c, gw_e)
+
+
+# --- ONNX Runtime sessions ----------------------------------------------------------------------
+
+ORT_SESSIONS = ("graph", "basic", "default", "int8")
+
+
+def ort_session(path, kind="graph", options=None):
+    """An ONNX Runtime CPU session of the model at ``path``. ``kind`` says what it runs
+    (docs/export.md, "ONNX Runtime on x86 CPUs without VNNI"):
+
+    - "graph": ``ORT_DISABLE_ALL``, the exported graph's own nodes: what the numerics contract
+      is about (every QDQ pair bit for bit), the same on every CPU;
+    - "basic": ``ORT_ENABLE_BASIC`` (constant folding and the like, no QDQ fusion);
+    - "default": ONNX Runtime's defaults (``ORT_ENABLE_ALL``), which fuse the QDQ pairs around a
+      MatMul/Gemm/Conv into int8 kernels: on x86 CPUs without VNNI their u8s8 arithmetic adds
+      pairs of products in 16 bits and saturates. Compare its numbers only where no such kernel
+      runs (single quantizers, embeddings) or under ``needs_exact_u8s8``;
+    - "int8": the defaults with ``session.qdqisint8allowed=1``: the int8 kernels keep signed
+      activations (s8s8 kernels, exact 32-bit sums on every CPU). Unsigned activations still take
+      the u8s8 kernels: use it for models whose activation quantizers are signed.
+
+    ``options``: a ``SessionOptions`` to start from (its optimization level is replaced)."""
+    import onnxruntime as ort
+
+    if kind not in ORT_SESSIONS:
+        raise ValueError(f"kind must be one of {ORT_SESSIONS}, got {kind!r}")
+    options = options or ort.SessionOptions()
+    levels = {"graph": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC}
+    options.graph_optimization_level = levels.get(kind, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    if kind == "int8":
+        options.add_session_config_entry("session.qdqisint8allowed", "1")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _u8s8_saturates():
+    """Whether ONNX Runtime's u8s8 int8 kernels (MLAS) may saturate on this CPU: x86 without
+    AVX512_VNNI or AVX_VNNI (AVX2 and AVX-512 cores add pairs of u8 x s8 products in 16 bits)."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return True  # (not Linux: unknown, taken as affected)
+    return not {"avx512_vnni", "avx_vnni"} & set(flags)
+
+
+needs_exact_u8s8 = pytest.mark.skipif(
+    _u8s8_saturates(), reason="ONNX Runtime's u8s8 int8 kernels saturate on x86 CPUs without AVX512_VNNI/AVX_VNNI "
+                              "(this CPU): its default session is compared only where they are exact")

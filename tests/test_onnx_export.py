@@ -17,13 +17,14 @@ from fakequant import nn as quant_nn  # noqa: E402
 from fakequant.nn import TensorQuantizer  # noqa: E402
 from fakequant.onnx import ExportWarning  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
-from conftest import bits_equal  # noqa: E402
+from conftest import bits_equal, needs_exact_u8s8, ort_session  # noqa: E402
 
 EXPORTERS = ["torchscript", "dynamo"]
 
 
-def export_and_run(module, x, exporter, opset, path, export=None, session_options=None, **kwargs):
-    """(graph, ONNX Runtime's output, fakequant ExportWarnings) of ``module`` exported at ``opset``."""
+def export_and_run(module, x, exporter, opset, path, export=None, session="graph", session_options=None, **kwargs):
+    """(graph, ONNX Runtime's output, fakequant ExportWarnings) of ``module`` exported at ``opset``;
+    ``session``: which ONNX Runtime session runs it (conftest.ort_session; default: the graph itself)."""
     module.eval()
     export = export or fakequant.onnx.export
     with warnings.catch_warnings(record=True) as caught:
@@ -32,8 +33,7 @@ def export_and_run(module, x, exporter, opset, path, export=None, session_option
                **({"verbose": False} if exporter == "dynamo" else {}), **kwargs)
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto, full_check=True)
-    session = ort.InferenceSession(str(path), session_options, providers=["CPUExecutionProvider"])
-    got = session.run(None, {"x": x.numpy()})[0]
+    got = ort_session(path, session, session_options).run(None, {"x": x.numpy()})[0]
     return proto, got, [str(w.message) for w in caught if issubclass(w.category, ExportWarning)]
 
 
@@ -159,7 +159,8 @@ def test_disabled_quantizers_emit_nothing(exporter, tmp_path):
     # int8 activations (accuracy level 4); level 0 keeps them float32.
     options = ort.SessionOptions()
     options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-    proto, got, _ = export_and_run(layer, X, exporter, 17, tmp_path / "one.onnx", session_options=options)
+    proto, got, _ = export_and_run(layer, X, exporter, 17, tmp_path / "one.onnx", session="default",
+                                   session_options=options)
     assert op_types(proto).count("QuantizeLinear") == op_types(proto).count("DequantizeLinear") == 1
     np.testing.assert_allclose(got, layer(X).detach().numpy(), rtol=1e-5, atol=1e-6)
     layer._weight_quantizer.disable_quant()
@@ -322,15 +323,18 @@ def test_quantized_linear_on_3d_input_loads_in_the_default_session(exporter, ops
     # A transformer's Linear: a 3-D input, then the bias Add. ONNX Runtime 1.31-1.32's default
     # optimizations fuse MatMul + Add into Gemm and, for a QuantizeLinear with a zero-point input
     # at opset >= 21, build a node they then refuse; the symmetric quantizers leave the zero
-    # point out from opset 21 on (export_and_run uses the default session options).
+    # point out from opset 21 on. The default session loads and runs the graph; its numbers are
+    # the int8 kernels' (exact only where the CPU has VNNI: test_int8_kernels_*), the graph's are
+    # PyTorch's up to the MatMul's sums.
     torch.manual_seed(0)
     layer = quant_nn.QuantLinear(8, 5, quant_desc_input=QuantDescriptor(amax=3.0, unsigned=unsigned))
     layer._weight_quantizer.amax = layer.weight.detach().abs().amax(1, keepdim=True)
     x = X.abs() if unsigned else X
     proto, got, _ = export_and_run(layer, x, exporter, opset, tmp_path / "lin.onnx")
     np.testing.assert_allclose(got, layer(x).detach().numpy(), rtol=1e-5, atol=1e-6)  # (the MatMul's sums)
+    assert ort_session(tmp_path / "lin.onnx", "default").run(None, {"x": x.numpy()})[0].shape == got.shape
     # the quantized input alone is exact in the default session
-    _, got_q, _ = export_and_run(layer._input_quantizer, x, exporter, opset, tmp_path / "q.onnx")
+    _, got_q, _ = export_and_run(layer._input_quantizer, x, exporter, opset, tmp_path / "q.onnx", session="default")
     assert bits_equal(got_q, layer._input_quantizer(x))
     if opset >= 21:
         assert all(len(n.input) == 2 for n in proto.graph.node if n.op_type == "QuantizeLinear")
@@ -340,7 +344,57 @@ def test_asymmetric_linear_at_opset_21_workaround(tmp_path):
     # With a zero point other than 0 the input must be there, and ONNX Runtime's default session
     # refuses the graph (its bug, docs/export.md); its basic optimizations run it, with the numbers.
     m = _Affine().eval()
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    _, got, _ = export_and_run(m, X, "dynamo", 21, tmp_path / "a.onnx", session_options=options)
+    _, got, _ = export_and_run(m, X, "dynamo", 21, tmp_path / "a.onnx", session="basic")
     np.testing.assert_allclose(got, m(X).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+# --- ONNX Runtime's int8 kernels: saturation on x86 CPUs without VNNI ---------------------------
+
+INT8_KERNELS = {"MatMulIntegerToFloat", "QLinearMatMul", "QGemm", "MatMulInteger", "DynamicQuantizeMatMul"}
+
+
+def _saturating_linear():
+    """A QuantLinear whose products saturate 16-bit pair sums: every input element at its amax
+    (q = 127, 255 once ONNX Runtime moves int8 activations to uint8 with zero point 128) and
+    every weight at its channel's amax (q = 127): 255 * 127 * 2 > 32767."""
+    layer = quant_nn.QuantLinear(64, 8, quant_desc_input=QuantDescriptor(amax=1.0))
+    with torch.no_grad():
+        layer.weight.fill_(0.5)
+        layer.weight[::2].neg_()
+        layer.bias.zero_()
+    layer._weight_quantizer.amax = layer.weight.detach().abs().amax(1, keepdim=True)
+    x = torch.ones(4, 64)
+    x[1] = -1.0
+    x[2, ::2] = 0.0
+    x[3] = torch.linspace(-1, 1, 64)
+    return layer.eval(), x
+
+
+def _fused(path, kind, x):
+    """(output, node types) of ONNX Runtime's session of ``kind``, from the graph it optimized."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # (its note that an optimized graph is hardware-specific)
+    options.optimized_model_filepath = str(path.with_suffix(f".{kind}.onnx"))
+    got = ort_session(path, kind, options).run(None, {"x": x.numpy()})[0]
+    return got, {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+
+
+def test_int8_kernels_with_signed_activations_are_exact_on_every_cpu(tmp_path):
+    # session.qdqisint8allowed=1 keeps the activations int8: s8s8 kernels with 32-bit sums, on
+    # every CPU (the u8s8 kernels of the default session saturate without VNNI: docs/export.md).
+    layer, x = _saturating_linear()
+    _, graph, _ = export_and_run(layer, x, "dynamo", 17, tmp_path / "lin.onnx")
+    got, types = _fused(tmp_path / "lin.onnx", "int8", x)
+    assert types & INT8_KERNELS, types  # (int8 kernels did run)
+    expected = layer(x).detach().numpy()
+    np.testing.assert_allclose(graph, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@needs_exact_u8s8
+def test_int8_kernels_of_the_default_session_are_exact_where_the_cpu_has_vnni(tmp_path):
+    layer, x = _saturating_linear()
+    export_and_run(layer, x, "dynamo", 17, tmp_path / "lin.onnx")
+    got, types = _fused(tmp_path / "lin.onnx", "default", x)
+    assert types & INT8_KERNELS, types
+    np.testing.assert_allclose(got, layer(x).detach().numpy(), rtol=1e-6, atol=1e-6)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 import fakequant  # noqa: E402
@@ -22,7 +22,7 @@ from fakequant.nn import TensorQuantizer  # noqa: E402
 from fakequant.onnx import ExportWarning  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
 import op_table  # noqa: E402
-from conftest import bits_equal  # noqa: E402
+from conftest import bits_equal, ort_session  # noqa: E402
 
 FLOAT8E4M3FN, FLOAT8E5M2, INT4, INT8, UINT8 = 17, 19, 22, 3, 2
 N, C, L = 3, 4, 40  # L = 40: blocks of 16 leave a ragged block of 8
@@ -151,7 +151,8 @@ def test_onnxruntime_equals_pytorch(tmp_path, name, exporter, opset):
     make, _, _, kind = CASES[name]
     module = make().eval()
     proto, caught = export(module, exporter, opset, tmp_path / "m.onnx")
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    # the default session: single quantizers, nothing for its int8 kernels (conftest.ort_session)
+    session = ort_session(tmp_path / "m.onnx", "default")
     for n, x in enumerate(inputs()):
         with torch.no_grad():
             expected = module(x)
@@ -206,7 +207,7 @@ def test_nan_blocks_are_the_named_gap(tmp_path):
     ONNX Runtime's ReduceMax skips NaN, so the other elements of that block differ."""
     module = quantizer(block_sizes={-1: 16, "type": "dynamic"}).eval()
     export(module, "dynamo", 21, tmp_path / "m.onnx")
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    session = ort_session(tmp_path / "m.onnx", "default")
     x = inputs()[0].clone()
     x[0, 0, 3] = float("nan")
     with torch.no_grad():

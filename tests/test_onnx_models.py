@@ -11,14 +11,14 @@ from torch import nn
 from torch.nn import functional as F
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 import fakequant  # noqa: E402
 from fakequant import nn as quant_nn  # noqa: E402
 from fakequant.onnx import ExportWarning  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
-from conftest import bits_equal  # noqa: E402
+from conftest import bits_equal, ort_session  # noqa: E402
 
 
 class ConvNet(nn.Module):
@@ -114,9 +114,10 @@ def exported(tmp_path_factory):
                                       **({"verbose": False} if exporter == "dynamo" else {}))
             proto = onnx.load(str(path))
             onnx.checker.check_model(proto, full_check=True)
-            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            # the exported graph, and ONNX Runtime's int8 kernels (exact on every CPU: conftest.ort_session)
+            sessions = {kind: ort_session(path, kind) for kind in ("graph", "int8")}
             tests = [torch.randn(shape, generator=g) for _ in range(3)]
-            cache[key] = (model, proto, session, tests, [w for w in caught if issubclass(w.category, ExportWarning)])
+            cache[key] = (model, proto, sessions, tests, [w for w in caught if issubclass(w.category, ExportWarning)])
         return cache[key]
 
     return get
@@ -125,16 +126,17 @@ def exported(tmp_path_factory):
 @pytest.mark.parametrize("exporter, opset", EXPORTS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_onnxruntime_matches_pytorch(exported, name, exporter, opset):
-    model, proto, session, tests, caught = exported(name, exporter, opset)
+    model, proto, sessions, tests, caught = exported(name, exporter, opset)
     assert not caught, [str(w.message) for w in caught]
     for x in tests:
         with torch.no_grad():
             expected = model(x).numpy()
-        got = session.run(None, {"x": x.numpy()})[0]
-        assert got.shape == expected.shape
-        assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
-        if name != "deconv":  # (an image out, no classes)
-            assert bits_equal(got.argmax(-1), expected.argmax(-1))
+        for kind, session in sessions.items():
+            got = session.run(None, {"x": x.numpy()})[0]
+            assert got.shape == expected.shape
+            assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max(), kind
+            if name != "deconv":  # (an image out, no classes)
+                assert bits_equal(got.argmax(-1), expected.argmax(-1)), kind
 
 
 def _quantizers(model):
@@ -144,7 +146,7 @@ def _quantizers(model):
 @pytest.mark.parametrize("exporter, opset", EXPORTS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_one_qdq_pair_per_quantizer_with_constant_scales(exported, name, exporter, opset):
-    model, proto, session, tests, caught = exported(name, exporter, opset)
+    model, proto, _, tests, caught = exported(name, exporter, opset)
     nodes = list(proto.graph.node)
     q_nodes = [n for n in nodes if n.op_type == "QuantizeLinear"]
     dq_nodes = [n for n in nodes if n.op_type == "DequantizeLinear"]
@@ -189,7 +191,7 @@ def _weight_quantize_linear(proto):
 def test_conv_transpose_weight_exports_per_output_channel(exported, exporter, opset):
     # A transposed convolution's weight (in, out / groups, *k) is quantized per output channel:
     # QuantizeLinear along axis 1, with one scale per output channel (amax / 127), as calibrated.
-    model, proto, session, tests, caught = exported("deconv", exporter, opset)
+    model, proto, _, tests, caught = exported("deconv", exporter, opset)
     assert not caught, [str(w.message) for w in caught]
     found = _weight_quantize_linear(proto)
     assert sorted(found) == [0, 1], found  # the Conv2d's weight on axis 0, both transposed ones on axis 1

@@ -22,12 +22,12 @@ import pytest
 import torch
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 import fakequant  # noqa: E402
 import onnx_cases  # noqa: E402
-from conftest import bits_equal  # noqa: E402
+from conftest import bits_equal, ort_session  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
 
@@ -117,13 +117,10 @@ def _reference(tmp_path, job):
 
 
 def _run(path, x, optimizations, basic=False):
-    options = ort.SessionOptions()
-    if not optimizations:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    elif basic:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x.numpy()})
+    # Both graphs of a comparison run in the same session on the same CPU (the int8 kernels of
+    # the default one differ between CPUs: conftest.ort_session).
+    kind = "graph" if not optimizations else "basic" if basic else "default"
+    return ort_session(path, kind).run(None, {"x": x.numpy()})
 
 
 def _as_list(y):

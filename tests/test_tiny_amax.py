@@ -18,7 +18,7 @@ from fakequant import _composite, _core, ops, reference
 from fakequant.nn import TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor
 
-from conftest import bits_equal
+from conftest import bits_equal, ort_session
 
 EPS = _core.AMAX_EPSILON
 ABOVE = float(torch.nextafter(torch.tensor(EPS), torch.tensor(1.0)))  # the first ordinary amax
@@ -166,7 +166,7 @@ def test_torch_native_fake_quantization_follows_the_rule(amax, per_channel):
 
 @pytest.mark.parametrize("learn_amax", [False, True], ids=["amax", "learned"])
 def test_the_onnx_lowering_follows_the_rule(tmp_path, learn_amax):
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     values = torch.tensor([2.0**-30, 0.0, EPS, ABOVE, 1.0, 0.25]).reshape(6, 1)
     if learn_amax:  # one learned range per tensor: one model per amax
         cases = [(a, QuantDescriptor(num_bits=8, learn_amax=True, amax=1.0)) for a in AMAXES]
@@ -186,7 +186,7 @@ def test_the_onnx_lowering_follows_the_rule(tmp_path, learn_amax):
             expected = q(x)
         path = tmp_path / "q.onnx"
         fakequant.onnx.export(q, (x,), str(path))
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = ort_session(path, "default")  # (one quantizer: nothing for the int8 kernels)
         (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
         assert bits_equal(torch.from_numpy(got), expected), amax
         if not learn_amax:

@@ -78,6 +78,14 @@ def export(
 
     Returns:
         What ``torch.onnx.export`` returns (an ``ONNXProgram`` with dynamo).
+
+    ONNX Runtime runs the graph with PyTorch's numbers in a session of level
+    ``ORT_ENABLE_BASIC`` or below. Its default session fuses int8 QDQ pairs around a
+    MatMul/Gemm/Conv into int8 kernels whose uint8 x int8 sums saturate on x86 CPUs without
+    VNNI (AVX2; AVX-512 without VNNI): outputs can then differ by a large share of their value.
+    There, set the session option ``session.qdqisint8allowed`` to ``"1"`` (int8 x int8 kernels
+    with 32-bit sums, for signed activations) or ``graph_optimization_level = ORT_ENABLE_BASIC``
+    (docs/export.md, "ONNX Runtime on x86 CPUs without VNNI").
     """
     if opset_version is not None and opset_version < symbolic_torchscript.MIN_OPSET:
         raise ValueError(f"fakequant ONNX export needs opset_version >= {symbolic_torchscript.MIN_OPSET}, "
