@@ -101,7 +101,8 @@ clean:
 # a CUDA compile or link error fails CI: its own virtualenv with the CUDA build
 # of torch, the system toolkit's nvcc, and a build out of the source tree
 # (build/cuda), which leaves the CPU build of `make test` alone. It then loads
-# the library into that torch and checks that every operator has its kernels.
+# the library into that torch and checks that every operator has its kernels,
+# and (in a child process) that the op table's invalid arguments raise through it.
 CUDA_VENV ?= .venv-cuda
 CUDA_TORCH ?= torch==2.14.1
 CUDA_ARCH_LIST ?= 8.0;9.0
@@ -118,7 +119,7 @@ $(CUDA_DEPS):
 	rm -f $(CUDA_VENV)/.deps-*
 	touch $@
 
-$(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py
+$(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py tests/op_table.py
 	FORCE_CUDA=1 CUDA_HOME="$(CUDA_HOME)" \
 	TORCH_CUDA_ARCH_LIST="$(CUDA_ARCH_LIST)" MAX_JOBS=$(MAX_JOBS) \
 	$(CUDA_PY) setup.py -q build_ext --build-lib $(CUDA_BUILD)/lib --build-temp $(CUDA_BUILD)/temp

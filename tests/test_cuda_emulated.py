@@ -8,6 +8,12 @@ with AddressSanitizer + UBSan and with ThreadSanitizer, and runs this file
 against each; FAKEQUANT_EMULATED_LIB names the library. Without it the file is
 skipped.
 
+The emulation library also has a device of its own, "simt" (torch's PrivateUse1 device
+type, tests/emulator/simt_device.cpp), whose memory the host can read only during a
+kernel launch or a copy: on its tensors the host functions take their device branches,
+as on a GPU (the last section of this file). The op table's invalid arguments run on CPU
+tensors and on that device.
+
 What the CPU tests cannot reach is checked here: launch geometry, grid-stride
 loops (FAKEQUANT_SIMT_SMS=1 caps the grid at 16 blocks of 256 threads, so a few
 ten thousand elements take several grid steps), 128-bit vector accesses and
@@ -22,6 +28,9 @@ within a few float64 ulps of a float32 rounding boundary, which these fixed
 inputs do not; grad_input is exact everywhere.
 """
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -32,11 +41,31 @@ from conftest import DTYPES, assert_same
 LIB = os.environ.get("FAKEQUANT_EMULATED_LIB")
 pytestmark = pytest.mark.skipif(not LIB, reason="the emulated CUDA kernels run in `make cuda-emulate`")
 
+# The emulated device (tests/emulator/simt_device.cpp): torch's PrivateUse1, named here.
+DEVICE = "simt"
+
+
+def register_device():
+    """torch's PrivateUse1 named DEVICE, with the module torch looks up for it (torch.simt)."""
+    import types
+
+    module = types.ModuleType(f"torch.{DEVICE}")
+    module.is_available = lambda: True
+    module.is_initialized = lambda: True
+    module._lazy_init = lambda: None
+    module.device_count = lambda: 1
+    module.current_device = lambda: 0
+    module._is_in_bad_fork = lambda: False
+    module.manual_seed_all = lambda seed: None  # (no generator of its own: the CPU fallback's)
+    torch.utils.rename_privateuse1_backend(DEVICE)
+    torch._register_device_module(DEVICE, module)
+
 if LIB:
     import fakequant  # noqa: F401  (the CPU operators)
 
     torch.ops.load_library(LIB)
     os.environ.setdefault("FAKEQUANT_SIMT_SMS", "1")
+    register_device()
 
 # Sizes around every boundary of the element-wise kernels: a warp tile of 32
 # (scalar) or 32 * 16 / itemsize (vector) elements, a byte of the packed mask,
@@ -355,3 +384,146 @@ def test_fused_observer(case, dtype):
             assert_same(a, e)
         for a, e in zip(buffers["fakequant_emulated"], buffers["fakequant"], strict=True):
             assert_same(a, e)
+
+
+# --- invalid arguments, and the emulated device ("simt") -------------------------------------------
+# The host functions of the emulation library are those of the real build: the op table's
+# invalid arguments (tests/op_table.py) raise there as in fakequant._C, on CPU tensors
+# (the host functions' CPU branches) and on the emulated device, where the host functions
+# take their device branches, as on CUDA: a parameter on another device than the input is an
+# error, and parameter values are checked only with FAKEQUANT_CHECK_VALUES=1 (read once per
+# process: a child process here); without it an invalid value gives NaN and a zero mask.
+# (Cases with a meta tensor are left out: they reach the Python fake kernels, not C++.)
+
+def _reaches_host_code(case, entry):
+    """Not a case with a meta tensor: the dispatcher sends those to the fake kernels
+    (fakequant/ops, Python, tested by tests/test_errors.py), never to a host function."""
+    return not any(isinstance(a, torch.Tensor) and a.device.type == "meta"
+                   for a in case.arguments(entry.invalid_base()))
+
+
+INVALID = [(e, c) for e, c in op_table.invalid_cases() if _reaches_host_code(c, e)]
+INVALID_METADATA = [p for p in INVALID if not p[1].value]
+INVALID_VALUES = [p for p in INVALID if p[1].value]
+
+
+def emulated(entry):
+    return getattr(torch.ops.fakequant_emulated, entry.name)
+
+
+def on_device(args):
+    return [op_table.to_device(a, DEVICE) for a in args]
+
+
+@pytest.mark.parametrize("entry,case", INVALID, ids=op_table.invalid_ids(INVALID))
+def test_invalid_arguments(entry, case):
+    with pytest.raises(case.exc, match=case.match):
+        emulated(entry)(*case.arguments(entry.invalid_base()))
+
+
+@pytest.mark.parametrize("entry,case", INVALID_METADATA, ids=op_table.invalid_ids(INVALID_METADATA))
+def test_invalid_arguments_on_device(entry, case):
+    with pytest.raises(case.exc, match=case.match):
+        emulated(entry)(*on_device(case.arguments(entry.invalid_base())))
+
+
+@pytest.mark.parametrize("entry,case", INVALID_VALUES, ids=op_table.invalid_ids(INVALID_VALUES))
+def test_invalid_values_on_device_give_nan(entry, case):
+    """Without FAKEQUANT_CHECK_VALUES the device path does not read parameter values: NaN
+    outputs and a zero mask (docs/cuda.md, value checks)."""
+    y, mask = emulated(entry)(*on_device(case.arguments(entry.invalid_base())))
+    assert y.device.type == DEVICE and mask.device.type == DEVICE
+    assert bool(y.cpu().isnan().all()), y.cpu()
+    assert not bool(mask.cpu().any())
+
+
+def run_child(code, **env):
+    """`code` in a child process with this one's emulation library (a crash fails here)."""
+    child = dict(os.environ, **env)
+    # (importing this file loads the library named by FAKEQUANT_EMULATED_LIB and names the device)
+    prologue = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+                "import torch, pytest, op_table, test_cuda_emulated\n")
+    return subprocess.run([sys.executable, "-c", prologue + textwrap.dedent(code)], env=child,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_invalid_values_on_device_raise_with_checks_on():
+    run = run_child("""
+        cases = [(e, c) for e, c in op_table.invalid_cases() if c.value]
+        for entry, case in cases:
+            args = [op_table.to_device(a, "simt") for a in case.arguments(entry.invalid_base())]
+            with pytest.raises(case.exc, match=case.match):
+                getattr(torch.ops.fakequant_emulated, entry.name)(*args)
+        print("raised", len(cases))
+        """, FAKEQUANT_CHECK_VALUES="1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"raised {len(INVALID_VALUES)}" in run.stdout
+
+
+def test_mixed_devices_raise():
+    """What test_metadata_errors_on_cuda asks of CUDA (where the first GPU run crashed)."""
+    ops = torch.ops.fakequant_emulated
+    x = torch.randn(4, 3, 5).to(DEVICE)
+    d = {"device": DEVICE}
+    with pytest.raises(ValueError, match="scale"):
+        ops.fake_quantize_affine(x, torch.ones(4, **d), torch.zeros(4, **d), 1, -128, 127)
+    with pytest.raises(ValueError, match="scale"):
+        ops.fake_quantize_affine(x, torch.ones(1), torch.zeros(1, **d), None, -128, 127)  # CPU scale
+    with pytest.raises(ValueError, match="zero_point"):
+        ops.fake_quantize_affine(x, torch.ones(1, **d), torch.zeros(1), None, -128, 127)  # CPU zero point
+    with pytest.raises(ValueError, match="input"):
+        ops.fake_quantize_amax(torch.randn(3), torch.tensor(1.0, **d), 8, False, True)  # CPU input
+    with pytest.raises(ValueError, match="amax"):
+        ops.fake_quantize_amax(x, torch.ones(2, 1, **d), 8, False, True)
+    with pytest.raises(TypeError, match="input"):
+        ops.fake_quantize_amax(x.int(), torch.tensor(1.0, **d), 8, False, True)
+    with pytest.raises(ValueError, match="mask"):
+        ops.mask_backward(x, torch.zeros(2, dtype=torch.uint8, **d))
+    with pytest.raises(ValueError, match="mask"):
+        ops.mask_backward(x, torch.zeros(8, dtype=torch.uint8))  # CPU mask
+    with pytest.raises(ValueError, match="grad"):
+        ops.fake_quantize_lsq_backward(torch.ones(4, 3, 5), x, torch.ones(1, **d), torch.zeros(1, **d), None,
+                                       -8, 7, 1.0)  # CPU grad
+
+
+# Every sample call of the op table on the emulated device, against the CPU kernels: the
+# host functions' device branches (the device scope, no value checks, the fused observer's
+# flags read on the device) with memory the host cannot read outside a launch.
+DEVICE_CALLS = op_table.variants()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "sliced"])
+@pytest.mark.parametrize("entry,variant", DEVICE_CALLS, ids=op_table.variant_ids(DEVICE_CALLS))
+def test_table_calls_on_device(entry, variant, layout):
+    x = op_table.sample_input(layout, torch.float32)
+    cpu_args = variant.args(x)
+    dev_args = on_device(cpu_args)
+    expected, actual = entry.op(*cpu_args), emulated(entry)(*dev_args)
+    if isinstance(expected, torch.Tensor):
+        expected, actual = (expected,), (actual,)
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert a.device.type == DEVICE, (i, a.device)
+        if i in entry.reduced_outputs:
+            torch.testing.assert_close(a.cpu(), e, rtol=1e-6, atol=0, equal_nan=True)
+        else:
+            assert_same(a, e)
+            assert a.stride() == e.stride(), (i, a.stride(), e.stride())
+    if entry.stateful:  # the buffers it updated in place
+        for a, e in zip(dev_args[1:], cpu_args[1:]):
+            if isinstance(e, torch.Tensor):
+                assert_same(a, e)
+
+
+def test_device_memory_is_not_host_memory():
+    """The emulated device's memory faults when the host reads it outside device work, and
+    the fault names the allocation: a host function reading a device parameter in place
+    (not through a copy) ends the run, as it would read garbage or crash on a GPU."""
+    run = run_child("""
+        import ctypes
+        x = torch.arange(8.0).to("simt")
+        assert x.cpu().tolist() == list(range(8))  # a copy: device work
+        print("read", ctypes.c_float.from_address(x.data_ptr() + 4).value, flush=True)
+        """)
+    assert run.returncode != 0, run.stdout
+    assert "read" not in run.stdout
+    assert "simt device: a host access outside device work" in run.stderr, run.stderr

@@ -22,6 +22,11 @@ call or atomic between them, stop the run). Only the device code is
 instrumented; the host functions are built once, plain, and shared. The
 sanitizer runtime is preloaded into the test process, as tools/sanitize.sh does.
 
+The library also has a device of its own, "simt" (torch's PrivateUse1,
+tests/emulator/simt_device.cpp, compiled with the host functions): its tensors
+take the host functions' device branches and the CUDA slots of the kernel table,
+and its memory is readable by the host only during a launch or a copy.
+
 Everything is built under build/emulate (out of the source tree), with ninja.
 """
 import argparse
@@ -104,7 +109,7 @@ def torch_flags():
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cflags = ["-std=c++20", "-fPIC", "-g", "-O1", "-pthread", "-ffp-contract=off",
               "-fvisibility=hidden", "-fvisibility-inlines-hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-              f"-DFAKEQUANT_NAMESPACE={NAMESPACE}", *include]
+              f"-DFAKEQUANT_NAMESPACE={NAMESPACE}", "-DFAKEQUANT_EMULATION_LIBRARY", *include]
     libdirs = cpp_extension.library_paths()
     ldflags = [*(f"-L{p}" for p in libdirs), *(f"-Wl,-rpath,{p}" for p in libdirs),
                "-lc10", "-ltorch_cpu", "-ltorch", "-pthread", "-Wl,-Bsymbolic"]
@@ -158,7 +163,8 @@ def device_lines(device_sources, csrc, out, variant, host_objects):
 
 
 def host_objects(host_sources, csrc):
-    return [os.path.join(OUT, "host", os.path.relpath(src, csrc) + ".o") for src in host_sources]
+    return [os.path.join(OUT, "host", (os.path.relpath(src, csrc) if src.startswith(csrc + os.sep)
+                                       else os.path.basename(src)) + ".o") for src in host_sources]
 
 
 def run_ninja(path, lines, target, jobs):
@@ -174,6 +180,7 @@ def run_ninja(path, lines, target, jobs):
 def sources(csrc):
     host = [os.path.join(csrc, "fakequant.cpp")]
     host += sorted(os.path.join(csrc, "ops", f) for f in os.listdir(os.path.join(csrc, "ops")) if f.endswith(".cpp"))
+    host.append(os.path.join(EMULATOR, "simt_device.cpp"))  # the emulated device (PrivateUse1)
     device = sorted(os.path.join(csrc, "cuda", f) for f in os.listdir(os.path.join(csrc, "cuda")) if f.endswith(".cu"))
     return host, device
 

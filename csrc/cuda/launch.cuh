@@ -8,7 +8,7 @@
 // FAKEQUANT_SIMT_EMULATOR defined (tools/emulate.py, which puts tests/emulator
 // on the include path), where tests/emulator/simt_emulator.h stands in for the
 // device and tests/emulator/simt_runtime.h for the few CUDA runtime calls, and
-// the kernels serve the CPU slots of a library of their own
+// the kernels serve the CPU tensors and the emulated device of a library of their own
 // (tests/test_cuda_emulated.py compares it with the CPU kernels).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -24,8 +24,9 @@
 #if defined(FAKEQUANT_SIMT_EMULATOR)
 #include "simt_emulator.h"
 #include "simt_runtime.h"
-// The emulated kernels take the CPU slots of the emulation library.
-#define FAKEQUANT_CUDA_SLOT CPU
+// The emulated kernels take the CUDA slots of the emulation library, which serve
+// its CPU tensors and its emulated device's (kernel_table.h).
+#define FAKEQUANT_CUDA_SLOT CUDA
 #else
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -82,6 +83,7 @@ template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), unsigned blocks, cudaStream_t stream, Args&&... args) {
 #if defined(FAKEQUANT_SIMT_EMULATOR)
   (void)stream;
+  const SimtDeviceAccess device_memory;  // readable for the launch (tests/emulator/simt_device.cpp)
   simt_launch(kernel, dim3(blocks), dim3(kThreads), kThreads, std::forward<Args>(args)...);
 #else
   kernel<<<blocks, kThreads, 0, stream>>>(std::forward<Args>(args)...);

@@ -29,4 +29,10 @@ FAKEQUANT_LIBRARY_IMPL(CPU, m) { register_host_functions(m); }
 FAKEQUANT_LIBRARY_IMPL(CUDA, m) { register_host_functions(m); }
 #endif
 
+#if defined(FAKEQUANT_EMULATION_LIBRARY)
+// The emulation library's device (tests/emulator/simt_device.cpp): tensors that are
+// not CPU tensors, so the host functions take their device branches.
+FAKEQUANT_LIBRARY_IMPL(PrivateUse1, m) { register_host_functions(m); }
+#endif
+
 }  // namespace fakequant

@@ -12,6 +12,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "simt_device.h"
+
 #include <cstdlib>
 #include <string>
 

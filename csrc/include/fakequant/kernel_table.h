@@ -96,7 +96,14 @@ class KernelSlot {
   }
 
   Fn* get(c10::DeviceType type) const {
+#if defined(FAKEQUANT_EMULATION_LIBRARY)
+    // The emulation library (tools/emulate.py) has no CPU loops: its CPU tensors and
+    // its emulated device's (PrivateUse1, tests/emulator/simt_device.cpp) run the
+    // CUDA slots, the CUDA kernels on the SIMT emulator.
+    Fn* fn = type == c10::DeviceType::CPU || type == c10::DeviceType::PrivateUse1 ? cuda_ : nullptr;
+#else
     Fn* fn = type == c10::DeviceType::CPU ? cpu_ : (type == c10::DeviceType::CUDA ? cuda_ : nullptr);
+#endif
     TORCH_CHECK(fn != nullptr, "fakequant: no ", name_, " kernel for ", type,
                 " tensors in this build");
     return fn;
