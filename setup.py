@@ -254,7 +254,9 @@ def extension():
         cxx.append("-g0")
     kwargs = dict(include_dirs=include_dirs, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
     if WITH_CUDA:
-        sources += _sources("csrc/cuda/**/*.cu") + _sources("csrc/cuda/**/*.cpp")
+        # nvcc's files first: ninja starts the objects in this order, and they are the
+        # slowest to compile (a parallel build then ends with the quick C++ files).
+        sources = _sources("csrc/cuda/**/*.cu") + _sources("csrc/cuda/**/*.cpp") + sources
         cxx.append("-DFAKEQUANT_WITH_CUDA")  # csrc/ops registers the host functions for CUDA too
         # No --use_fast_math: IEEE division, no flush to zero; -fmad=false so
         # that no multiply and add fuse into one rounding (the kernels also

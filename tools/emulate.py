@@ -68,7 +68,8 @@ SANITIZER_ENV = {
 # (a pytest -k expression) expected to catch it, the variant they run on (a
 # wrong value is caught plain; an access past the end, by AddressSanitizer; a
 # second store of the same value, by another thread of the block or by another
-# block, only by ThreadSanitizer), and the translation unit that compiles it.
+# block, only by ThreadSanitizer), and the translation unit that compiles it
+# (quantize.cu compiles float32's forward kernels, which the tests named run).
 PLANTED = [
     ("off-by-one in a tail loop", "kernels.cuh",
      "for (int64_t e = n_vec + tid; e < n; e += stride) {",
@@ -90,7 +91,7 @@ PLANTED = [
      "atomicOr(words + pos / 32, bits << shift);",
      "atomicOr(words + pos / 32, bits << (shift ^ 1));",
      "blockwise_block_sizes", "plain", "blockwise.cu"),
-    ("vector access on an unaligned input", "quantize.cu",
+    ("vector access on an unaligned input", "quantize.cuh",
      "const bool vectorised = aligned16(xp) && aligned16(yp) &&",
      "const bool vectorised = aligned16(yp) &&",
      "quantize_sizes", "plain", "quantize.cu"),

@@ -1,56 +1,77 @@
 """``make gpu-check [PY=python3]``: a lent GPU turned into verified results, with the Python given.
 
-No virtualenv is made and nothing is downloaded (a device machine reaches no package index).
-On a machine with a CUDA GPU:
+No virtualenv is made and nothing is downloaded (a device machine reaches no package index): a
+copied checkout, a Python with CUDA torch, pytest and nvcc are enough. Every step runs with the
+checkout first on ``PYTHONPATH``, so what is checked is this checkout's fakequant, whatever is
+installed. On a machine with a CUDA GPU, within ``--budget`` seconds in all (8 minutes, the
+build included), printing as it goes:
 
-0. builds the extension in place for that GPU (``TORCH_CUDA_ARCH_LIST`` from its capability,
-   ``MAX_JOBS`` from the cores), unless it is already built for this torch with CUDA;
-1. ``python -m fakequant gpu-check``: the operators against the rule and against the CPU bit for
-   bit, compute-sanitizer (memcheck, racecheck, synccheck), and a bandwidth table;
-2. ``tests/test_cuda.py`` (bit for bit against the CPU, CUDA graphs, > 2^31 elements,
-   misaligned inputs), stopping at the first failure, then the operator suite's CUDA cases;
-3. ``tools/op_fingerprint.py`` on the CPU and on the GPU: every operator configuration's outputs
-   and gradients, compared;
-4. the CUDA benchmarks: ``benchmarks/bench_ops.py`` (each op's forward and forward+backward at
-   2^20..2^28 elements beside ``torch.clone`` and torch's own fake-quant ops, float32 and
-   bfloat16) and ``benchmarks/bench_compiled_qat.py`` (a compiled QAT step of the ResNet-18 and
-   the small Llama against compiled float);
+0. the extension built in place for that GPU (``TORCH_CUDA_ARCH_LIST`` from its capability,
+   ``MAX_JOBS`` from the cores; ninja recompiles only what changed, so a second run costs seconds);
+1. correctness, in the order of what it answers: ``python -m fakequant gpu-check`` (every
+   operator of the self-check against the rule and against the CPU bit for bit, compute-sanitizer's
+   memcheck, racecheck and synccheck, and its bandwidth table); ``tests/test_cuda.py``; the operator
+   suite's CUDA cases; ``tools/op_fingerprint.py`` on the CPU and on CUDA, compared;
+2. the bandwidth table of ``benchmarks/bench_ops.py`` (each op at 2^20, 2^24 and 2^28 elements
+   beside ``torch.clone`` and torch's own fake-quant ops, float32 and bfloat16);
+3. the compiled QAT step of ``benchmarks/bench_compiled_qat.py`` (the small Llama, float and
+   fakequant, eager and compiled, 3 rounds).
 
-each under what is left of ``--budget`` (printed as it goes), into one ``report.md`` and the raw
-JSON in ``--out``. It exits 1 on any correctness failure. Without a GPU it says so in one line and
-runs ``make cuda-build`` where nvcc exists (so that CI runs it), exiting with its status.
-
-Sized for an H200 (16 cores) in 20 minutes, build included (docs/cuda.md: how it was estimated).
+No step stops at its first failure: pytest runs without ``-x`` (at most ``--max-failures``
+failures a step), and a test process that dies (a segmentation fault) is resumed after the test
+that killed it (tools/pytest/gpu_check_progress.py records each test as it ends), so one run
+tells everything: each step's counts, which targets it checked (test files, operators), and the
+failing cases. It writes ``report.md`` and ``report.json`` (and each step's log) into ``--out``,
+prints a one-screen summary, and exits 1 on any correctness failure. Without a GPU it says so
+in one line and runs ``make cuda-build`` where nvcc exists (so that CI runs it), exiting with
+its status.
 """
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN_DIR = os.path.join(ROOT, "tools", "pytest")  # gpu_check_progress, the pytest plugin
 OPERATOR_SUITE = ["tests/test_ops.py", "tests/test_blockwise.py", "tests/test_fp8.py", "tests/test_mx.py",
                   "tests/test_lsq.py", "tests/test_per_token.py", "tests/test_op_registration.py"]
+DEFAULT_BUDGET = 8 * 60  # seconds, the build included: a lent GPU gives 15 minutes, its start included
+MAX_FAILURES = 50  # a step's pytest failures (and crashes) before it stops
+MAX_CRASHES = 5  # test processes that die, a step, before it stops resuming
+BUILD_DIR = os.path.join("build", "gpu-check", "temp")
 
 
 def log(message):
     print(f"[gpu-check {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def step_env(*paths, **variables):
+    """The environment of every process gpu-check starts: the checkout first on PYTHONPATH (an
+    in-place build is importable only from there: ``python tools/x.py`` puts tools/ on the path,
+    not the working directory), then ``paths``, then what was there."""
+    env = dict(os.environ, **variables)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *paths] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
 def probe(py):
-    """What the Python ``py`` sees: torch, CUDA, the GPU, and the fakequant built in place."""
+    """What the Python ``py`` sees: torch, CUDA, the GPU, and the checkout's fakequant."""
     code = ("import json, torch; d = {'torch': torch.__version__, 'cuda': torch.version.cuda, "
             "'gpu': torch.cuda.is_available()}\n"
             "if d['gpu']:\n"
             "    p = torch.cuda.get_device_properties(0); d.update(name=p.name, capability=f'{p.major}.{p.minor}')\n"
             "try:\n"
-            "    import fakequant; d.update(built_for=fakequant.BUILT_FOR_TORCH, built_cuda=fakequant.BUILT_FOR_CUDA)\n"
+            "    import fakequant; d.update(built_for=fakequant.BUILT_FOR_TORCH, built_cuda=fakequant.BUILT_FOR_CUDA, "
+            "arch=fakequant.CUDA_ARCH_LIST, file=fakequant.__file__)\n"
             "except Exception as e:\n"
             "    d['import_error'] = f'{type(e).__name__}: {e}'\n"
             "print(json.dumps(d))")
-    out = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=ROOT, env=step_env())
     if out.returncode != 0:
         raise SystemExit(f"gpu-check: {py} cannot import torch: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -61,81 +82,372 @@ def nvcc():
     return shutil.which("nvcc") or (os.path.join(home, "bin", "nvcc") if os.path.exists(os.path.join(home, "bin", "nvcc")) else None)
 
 
+def source_state():
+    """The checkout's commit and whether it has changes (None where git or .git is absent)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True)
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def ninja_times(build_temp):
+    """[(seconds, object)] of the objects ninja compiled last, slowest first (from its .ninja_log)."""
+    path = os.path.join(build_temp, ".ninja_log")
+    if not os.path.exists(path):
+        return []
+    last = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split("\t")
+            if len(parts) >= 4 and parts[0].isdigit():
+                last[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000
+    return sorted(((s, os.path.relpath(p, build_temp) if os.path.isabs(p) else p) for p, s in last.items()),
+                  reverse=True)
+
+
 def build(py, info, out):
-    """Builds fakequant in place for this GPU, unless it is built for this torch with CUDA."""
-    if info.get("built_for") and info.get("built_cuda") and "import_error" not in info:
-        log(f"extension already built for torch {info['built_for']} with CUDA {info['built_cuda']}")
-        return 0.0
-    env = dict(os.environ, FORCE_CUDA="1", TORCH_CUDA_ARCH_LIST=info["capability"],
-               MAX_JOBS=str(os.cpu_count() or 1))
-    log(f"building for compute capability {info['capability']} with {env['MAX_JOBS']} jobs")
+    """Builds fakequant in place for this GPU (ninja: only what changed since the last build).
+    Returns (seconds, the slowest objects it compiled)."""
+    jobs = os.cpu_count() or 1
+    env = step_env(FORCE_CUDA="1", TORCH_CUDA_ARCH_LIST=info["capability"], MAX_JOBS=str(jobs))
+    if not shutil.which("ninja") and not os.path.exists(os.path.join(os.path.dirname(py), "ninja")):
+        log("warning: no ninja here; torch's builder then compiles one file at a time")
+    log(f"building for compute capability {info['capability']} with {jobs} jobs (log: {out}/build.log)")
     start = time.monotonic()
     with open(os.path.join(out, "build.log"), "w") as f:
-        done = subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace", "--build-temp",
-                               os.path.join("build", "gpu-check", "temp")], cwd=ROOT, env=env, stdout=f,
-                              stderr=subprocess.STDOUT)
+        done = subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace", "--build-temp", BUILD_DIR],
+                              cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise SystemExit(f"gpu-check: the build failed (see {os.path.join(out, 'build.log')})")
-    return time.monotonic() - start
+    seconds = time.monotonic() - start
+    slowest = ninja_times(os.path.join(ROOT, BUILD_DIR))[:5]
+    log(f"built in {seconds:.0f} s" + (f"; slowest object {slowest[0][1]} {slowest[0][0]:.0f} s" if slowest else ""))
+    return seconds, slowest
+
+
+def _kill_group(proc):
+    """Ends the process group gpu-check started for one step (the step's own children included)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _run(cmd, log_path, timeout, env, mode="w"):
+    """Runs ``cmd`` in the checkout with its output in ``log_path``; the exit status, or None when
+    it ran out of time (then it is killed, with its children)."""
+    with open(log_path, mode) as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return None
+
+
+def pytest_counts(prefix):
+    """{outcome: count} and {test file: {outcome: count}} of a pytest step's state files."""
+    sys.path.insert(0, PLUGIN_DIR)
+    try:
+        from gpu_check_progress import done_ids
+    finally:
+        sys.path.remove(PLUGIN_DIR)
+    done = done_ids(prefix)
+    counts, files = {}, {}
+    for nodeid, outcome in done.items():
+        counts[outcome] = counts.get(outcome, 0) + 1
+        per = files.setdefault(nodeid.split("::")[0], {})
+        per[outcome] = per.get(outcome, 0) + 1
+    return done, counts, files
+
+
+BAD = ("failed", "error", "crashed", "timed out")
+
+
+def fmt_counts(counts):
+    order = ["passed", "failed", "error", "crashed", "timed out", "skipped", "xfailed", "xpassed"]
+    return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "no tests"
 
 
 class Steps:
-    def __init__(self, py, out, budget):
-        self.py, self.out, self.end = py, out, time.monotonic() + budget
+    """The steps of one run, each under min(its cap, what is left of the budget)."""
+
+    def __init__(self, py, out, budget, max_failures=MAX_FAILURES, start=None):
+        self.py, self.out = py, out
+        self.end = (time.monotonic() if start is None else start) + budget
+        self.max_failures = max_failures
         self.rows, self.failed = [], False
 
     def left(self):
         return self.end - time.monotonic()
 
-    def run(self, name, args, correctness, min_seconds=30, log_name=None):
-        """Runs ``args`` with what is left of the budget; its output goes to a log file."""
-        if self.left() < min_seconds:
-            self.rows.append({"step": name, "result": "skipped: out of time"})
-            log(f"{name}: skipped (out of time)")
-            return
+    def _skip(self, name, min_seconds):
+        if self.left() >= min_seconds:
+            return False
+        self.rows.append({"step": name, "result": "skipped: out of time", "seconds": 0})
+        log(f"{name}: skipped (out of time)")
+        return True
+
+    def _finish(self, row, correctness, start):
+        row["seconds"] = time.monotonic() - start
+        self.failed |= correctness and row["result"] != "ok"
+        self.rows.append(row)
+        log(f"{row['step']}: {row['result']}" + (f" ({row['counts_text']})" if row.get("counts_text") else "")
+            + f" in {row['seconds']:.0f} s")
+        return row
+
+    def run(self, name, args, correctness, cap, log_name, min_seconds=20, parse=None):
+        """A script step: ``py *args``; ``parse(log text)`` gives its counts."""
+        if self._skip(name, min_seconds):
+            return None
         log(f"{name} ({self.left():.0f} s left)")
-        path = os.path.join(self.out, log_name or name.split()[0] + ".log")
+        path = os.path.join(self.out, log_name)
         start = time.monotonic()
-        try:
-            with open(path, "w") as f:
-                done = subprocess.run([self.py, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                      timeout=max(self.left(), 1))
-            result = "ok" if done.returncode == 0 else f"FAILED (exit {done.returncode})"
-        except subprocess.TimeoutExpired:
+        rc = _run([self.py, *args], path, min(cap, self.left()), step_env())
+        if rc is None:
             result = "FAILED (out of time)" if correctness else "stopped: out of time"
-        seconds = time.monotonic() - start
+        else:
+            result = "ok" if rc == 0 else f"FAILED (exit {rc})"
+        with open(path, errors="replace") as f:
+            text = f.read()
+        row = {"step": name, "result": result, "log": log_name, "tail": text.strip().splitlines()[-3:]}
+        if parse is not None:
+            row.update(parse(text))
+        return self._finish(row, correctness, start)
+
+    def pytest(self, name, targets, correctness, cap, log_name, select=None, min_seconds=30):
+        """A pytest step over ``targets``: no -x; at most max_failures failures; a process that
+        dies is resumed after the test that killed it (at most MAX_CRASHES times)."""
+        if self._skip(name, min_seconds):
+            return None
+        log(f"{name} ({self.left():.0f} s left)")
+        path = os.path.join(self.out, log_name)
+        prefix = os.path.join(self.out, os.path.splitext(log_name)[0])
+        for suffix in (".done", ".current"):
+            if os.path.exists(prefix + suffix):
+                os.remove(prefix + suffix)
+        start, deadline = time.monotonic(), time.monotonic() + min(cap, self.left())
+        env = step_env(PLUGIN_DIR, FAKEQUANT_GPU_CHECK_STATE=prefix)
+        crashes, stopped, mode = [], None, "w"
+        while True:
+            done, counts, _ = pytest_counts(prefix)
+            room = self.max_failures - sum(counts.get(k, 0) for k in BAD)
+            if room <= 0:
+                break
+            cmd = [self.py, "-m", "pytest", "-q", "-rfE", "--tb=short", "-p", "no:randomly", "-p", "no:cacheprovider",
+                   "-p", "gpu_check_progress", f"--maxfail={room}", *(["-k", select] if select else []), *targets]
+            rc = _run(cmd, path, deadline - time.monotonic(), env, mode)
+            mode = "a"
+            current = open(prefix + ".current").read().strip() if os.path.exists(prefix + ".current") else ""
+            if rc is None:
+                stopped = "out of time"
+                if current:
+                    self._record(prefix, "timed out", current)
+                break
+            if rc in (0, 1, 5) or not current:
+                if rc not in (0, 1, 5):
+                    stopped = f"pytest exit {rc}"
+                break
+            # the process died inside a test: record it, and resume after it
+            self._record(prefix, "crashed", current)
+            crashes.append(f"{current} (exit {rc})")
+            with open(path, "a") as f:
+                f.write(f"\n[gpu-check] the test process died (exit {rc}) in {current}; resuming after it\n")
+            log(f"  the test process died (exit {rc}) in {current}")
+            if len(crashes) >= MAX_CRASHES:
+                stopped = f"stopped after {MAX_CRASHES} crashes"
+                break
+            if deadline - time.monotonic() < 5:
+                stopped = "out of time"
+                break
+        done, counts, files = pytest_counts(prefix)
+        bad = sorted(k for k, v in done.items() if v in BAD)
+        if not stopped and len(bad) >= self.max_failures:
+            stopped = f"stopped after {self.max_failures} failures"
+        ok = not bad and not stopped and counts.get("passed", 0) > 0
+        result = "ok" if ok else "FAILED" if correctness else "incomplete"
+        if stopped:
+            result += f" ({stopped})"
+        row = {"step": name, "result": result, "log": log_name, "targets": targets, "select": select,
+               "counts": counts, "counts_text": fmt_counts(counts), "files": files,
+               "bad": [f"{done[k]}: {k}" for k in bad], "crashes": crashes}
+        return self._finish(row, correctness, start)
+
+    @staticmethod
+    def _record(prefix, outcome, nodeid):
+        with open(prefix + ".done", "a") as f:
+            f.write(f"{outcome}\t{nodeid}\n")
+
+
+def fingerprint_counts(path):
+    """A parse function for a fingerprint step: configurations per operator, and differences."""
+    def parse(text):
+        row = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                prints = json.load(f)
+            per_op = {}
+            for key in prints:
+                op = key.split("/")[0]
+                per_op[op] = per_op.get(op, 0) + 1
+            row["operators"] = per_op
+            row["counts_text"] = f"{len(prints)} configurations of {len(per_op)} operators"
+        compared = re.search(r"^(\d+) identical, (\d+) differ, (\d+) in one run only$", text, flags=re.M)
+        if compared:
+            same, differ, only = map(int, compared.groups())
+            row["counts"] = {"identical": same, "differ": differ, "in one run only": only}
+            row["counts_text"] = f"{same} identical, {differ} differ, {only} in one run only"
+            row["bad"] = [line for line in text.splitlines() if line.startswith(("DIFFERS", "ONLY IN ONE"))]
+        return row
+    return parse
+
+
+def fakequant_counts(path):
+    """A parse function for ``python -m fakequant gpu-check``: its cases and failures."""
+    def parse(text):
+        if not os.path.exists(path):
+            return {}
         with open(path) as f:
-            tail = f.read().strip().splitlines()[-3:]
-        self.failed |= correctness and result != "ok"
-        self.rows.append({"step": name, "result": result, "seconds": seconds, "log": os.path.basename(path),
-                          "tail": tail})
-        log(f"{name}: {result} in {seconds:.0f} s")
+            result = json.load(f)
+        checks = [f"{c['name']}: {c['checked']} cases, {len(c['failures'])} failed" for c in result["correctness"]]
+        checks += [f"compute-sanitizer {r['tool']}: {r['result']}" for r in result["sanitizer"]]
+        bad = [f for c in result["correctness"] for f in c["failures"]]
+        bad += [f"compute-sanitizer {r['tool']}: {r['result']}" for r in result["sanitizer"] if r["result"] == "FAILED"]
+        cases = sum(c["checked"] for c in result["correctness"])
+        return {"checks": checks, "bad": bad,
+                "counts_text": f"{cases} cases, {len(bad)} failed; "
+                               + ", ".join(f"{r['tool']} {r['result']}" for r in result["sanitizer"])}
+    return parse
 
 
-def report(out, info, build_s, steps, budget):
-    lines = ["# make gpu-check", "", f"- GPU: {info.get('name')} (compute capability {info.get('capability')})",
-             f"- torch {info['torch']}, CUDA {info['cuda']}", f"- build: {build_s:.0f} s",
-             f"- budget: {budget:.0f} s", "", "| step | result | seconds | log |", "|---|---|---:|---|"]
+def bench_ops_counts(path):
+    """A parse function for bench_ops.py: the operators it timed."""
+    def parse(text):
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            ops = sorted({r["op"] for r in json.load(f)["rows"]})
+        return {"operators": ops, "counts_text": f"{len(ops)} operators" if ops else ""}
+    return parse
+
+
+def plan(out):
+    """The steps, in the order of what they answer: correctness, then the bandwidth table, then
+    the compiled QAT step. Each is (method, keyword arguments); ``run_plan`` runs them."""
+    fq = os.path.join(out, "fakequant")
+    cpu_json, cuda_json = os.path.join(out, "fingerprints_cpu.json"), os.path.join(out, "fingerprints_cuda.json")
+    return [
+        ("run", dict(name="fakequant gpu-check (rule, CPU vs CUDA, compute-sanitizer)", correctness=True, cap=100,
+                     log_name="fakequant.log", parse=fakequant_counts(os.path.join(fq, "report.json")),
+                     args=["-m", "fakequant", "gpu-check", "--out", fq, "--budget", "90", "--max-log2", "26"])),
+        ("pytest", dict(name="tests/test_cuda.py", targets=["tests/test_cuda.py"], correctness=True, cap=120,
+                        log_name="test_cuda.log")),
+        ("pytest", dict(name="operator suite, CUDA cases", targets=OPERATOR_SUITE, select="cuda", correctness=True,
+                        cap=120, log_name="operator_suite.log")),
+        ("run", dict(name="fingerprints on the CPU", correctness=True, cap=60, log_name="fingerprints_cpu.log",
+                     args=["tools/op_fingerprint.py", "--out", cpu_json], parse=fingerprint_counts(cpu_json))),
+        ("run", dict(name="fingerprints on CUDA, compared with the CPU's", correctness=True, cap=90,
+                     log_name="fingerprints_cuda.log", parse=fingerprint_counts(cuda_json),
+                     args=["tools/op_fingerprint.py", "--device", "cuda", "--out", cuda_json, "--compare", cpu_json])),
+        ("run", dict(name="benchmarks/bench_ops.py (bandwidth)", correctness=False, cap=90, log_name="bench_ops.md",
+                     parse=bench_ops_counts(os.path.join(out, "ops.json")),
+                     args=["benchmarks/bench_ops.py", "--device", "cuda", "--sizes", "2^20..2^28:4",
+                           "--dtype", "float32,bfloat16", "--no-progress", "--json", os.path.join(out, "ops.json")])),
+        ("run", dict(name="benchmarks/bench_compiled_qat.py (llama)", correctness=False, cap=180, min_seconds=60,
+                     log_name="compiled_qat.md", args=[
+                         "benchmarks/bench_compiled_qat.py", "--device", "cuda", "--models", "llama", "--rounds", "3",
+                         "--no-progress", "--configs", "float eager,float compiled,fakequant eager,fakequant compiled",
+                         "--json", os.path.join(out, "compiled_qat.json")])),
+    ]
+
+
+def run_plan(steps, planned, only=None):
+    for method, kwargs in planned:
+        if only is None or any(o in kwargs["name"] for o in only):
+            getattr(steps, method)(**kwargs)
+
+
+def report(out, info, build, steps, budget, total_s):
+    build_s, slowest = build
+    lines = ["# make gpu-check", "",
+             f"- GPU: {info.get('name')} (compute capability {info.get('capability')}), {os.cpu_count()} cores",
+             f"- torch {info['torch']}, CUDA {info['cuda']}; Python {sys.version.split()[0]}",
+             f"- fakequant: {info.get('file')} (built for {info.get('arch')}); checkout {source_state() or 'unknown'}",
+             f"- build: {build_s:.0f} s" + (" (slowest objects: " + ", ".join(f"{o} {s:.0f} s" for s, o in slowest) + ")"
+                                            if slowest else ""),
+             f"- whole run: {total_s:.0f} s of a {budget:.0f} s budget (build included)", "",
+             "| step | result | counts | seconds | log |", "|---|---|---|---:|---|"]
     for r in steps.rows:
-        lines.append(f"| {r['step']} | {r['result']} | {r.get('seconds', 0):.0f} | {r.get('log', '')} |")
+        lines.append(f"| {r['step']} | {r['result']} | {r.get('counts_text', '')} | {r.get('seconds', 0):.0f} | "
+                     f"{r.get('log', '')} |")
+    lines += ["", "## What was checked", ""]
+    for r in steps.rows:
+        if r.get("files"):
+            lines.append(f"- {r['step']}" + (f" (pytest -k {r['select']})" if r.get("select") else "") + ":")
+            lines += [f"  - {f}: {fmt_counts(c)}" for f, c in sorted(r["files"].items())]
+        elif r.get("operators"):
+            ops = r["operators"]
+            lines.append(f"- {r['step']}: " + (", ".join(f"{k} ({v})" for k, v in sorted(ops.items()))
+                                                if isinstance(ops, dict) else ", ".join(ops)))
+        elif r.get("checks"):
+            lines.append(f"- {r['step']}: " + "; ".join(r["checks"]))
+        elif "result" in r:
+            lines.append(f"- {r['step']}: {r['result']}")
+    failing = [r for r in steps.rows if r.get("bad") or r.get("crashes")]
+    if failing:
+        lines += ["", "## Failures", ""]
+        for r in failing:
+            lines.append(f"### {r['step']}")
+            lines += [""] + [f"- {b}" for b in r.get("bad", [])[:200]] + [f"- died in {c}" for c in r.get("crashes", [])]
+            lines.append("")
     for title, path in (("python -m fakequant gpu-check", os.path.join(out, "fakequant", "report.md")),
                         ("benchmarks/bench_ops.py", os.path.join(out, "bench_ops.md")),
                         ("benchmarks/bench_compiled_qat.py", os.path.join(out, "compiled_qat.md"))):
         if os.path.exists(path):
-            with open(path) as f:
+            with open(path, errors="replace") as f:
                 lines += ["", f"## {title}", "", f.read()]
     lines += ["", f"Verdict: {'FAILED' if steps.failed else 'ok'}", ""]
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(lines))
     with open(os.path.join(out, "report.json"), "w") as f:
-        json.dump({"info": info, "build_s": build_s, "steps": steps.rows, "failed": steps.failed}, f, indent=1)
+        json.dump({"info": info, "build_s": build_s, "slowest_objects": slowest, "steps": steps.rows,
+                   "failed": steps.failed, "seconds": total_s, "budget": budget}, f, indent=1)
+
+
+def summary(out, info, build, steps, total_s, budget):
+    """One screen: the device, the build, each step's result and counts, the first failures."""
+    rule = "-" * 78
+    lines = [rule, f"gpu-check: {info.get('name')} (cc {info.get('capability')}), torch {info['torch']}, "
+             f"build {build[0]:.0f} s, whole run {total_s:.0f} s of {budget:.0f} s", rule]
+    for r in steps.rows:
+        lines.append(f"{r['result'][:34]:<34} {r.get('seconds', 0):>4.0f} s  {r['step']}")
+        if r.get("counts_text"):
+            lines.append(f"{'':<42}{r['counts_text'][:90]}")
+    bad = [(r["step"], b) for r in steps.rows for b in r.get("bad", [])]
+    if bad:
+        lines += [rule, f"first failures ({len(bad)} in all; report.md lists them):"]
+        lines += [f"  {b[:110]}" for _, b in bad[:8]]
+    lines += [rule, f"{'FAILED' if steps.failed else 'ok'}: {os.path.join(out, 'report.md')}", rule]
+    print("\n".join(lines), flush=True)
 
 
 def main():
+    start = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--py", default=sys.executable, help="the Python to check (default: this one)")
     parser.add_argument("--out", default=os.path.join("build", "gpu-check"))
-    parser.add_argument("--budget", type=float, default=18 * 60, help="seconds, build excluded")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
+                        help="seconds for the whole run, the build included (default: %(default)s)")
+    parser.add_argument("--max-failures", type=int, default=MAX_FAILURES,
+                        help="a pytest step stops after this many failures (default: %(default)s)")
+    parser.add_argument("--only", help="only the steps whose names contain one of these (comma-separated)")
+    parser.add_argument("--no-build", action="store_true", help="check the fakequant the checkout has, unbuilt")
     parser.add_argument("--no-cuda-build", action="store_true", help="without a GPU, do not run make cuda-build")
     args = parser.parse_args()
     info = probe(args.py)
@@ -148,33 +460,20 @@ def main():
         return 0
     out = os.path.join(ROOT, args.out)
     os.makedirs(out, exist_ok=True)
-    build_s = build(args.py, info, out)
+    built = (0.0, []) if args.no_build else build(args.py, info, out)
     info = probe(args.py)
     if "import_error" in info:
         raise SystemExit(f"gpu-check: fakequant does not import after the build: {info['import_error']}")
-    steps = Steps(args.py, out, args.budget)
-    steps.run("fakequant gpu-check (rule, CPU vs CUDA, compute-sanitizer, bandwidth)",
-              ["-m", "fakequant", "gpu-check", "--out", os.path.join(out, "fakequant"),
-               "--budget", str(min(420.0, steps.left() * 0.4))], correctness=True, log_name="fakequant.log")
-    steps.run("tests/test_cuda.py", ["-m", "pytest", "-x", "-q", "-p", "no:randomly", "tests/test_cuda.py"],
-              correctness=True, log_name="test_cuda.log")
-    steps.run("operator suite, CUDA cases", ["-m", "pytest", "-x", "-q", "-p", "no:randomly", "-k", "cuda",
-                                             *OPERATOR_SUITE], correctness=True, log_name="operator_suite.log")
-    cpu_json, cuda_json = os.path.join(out, "fingerprints_cpu.json"), os.path.join(out, "fingerprints_cuda.json")
-    steps.run("fingerprints on the CPU", ["tools/op_fingerprint.py", "--out", cpu_json], correctness=True,
-              log_name="fingerprints_cpu.log")
-    steps.run("fingerprints on CUDA, compared", ["tools/op_fingerprint.py", "--device", "cuda", "--out", cuda_json,
-                                                 "--compare", cpu_json], correctness=True,
-              log_name="fingerprints_cuda.log")
-    steps.run("benchmarks/bench_ops.py", ["benchmarks/bench_ops.py", "--device", "cuda", "--sizes", "2^20..2^28:2",
-                                          "--dtype", "float32,bfloat16", "--json", os.path.join(out, "ops.json")],
-              correctness=False, log_name="bench_ops.md")
-    steps.run("benchmarks/bench_compiled_qat.py", [
-        "benchmarks/bench_compiled_qat.py", "--device", "cuda", "--models", "resnet,llama", "--rounds", "5",
-        "--no-progress", "--configs", "float eager,float compiled,fakequant eager,fakequant compiled",
-        "--json", os.path.join(out, "compiled_qat.json")], correctness=False, log_name="compiled_qat.md")
-    report(out, info, build_s, steps, args.budget)
-    log(f"report: {os.path.join(out, 'report.md')}; {'FAILED' if steps.failed else 'ok'}")
+    if not os.path.realpath(info["file"]).startswith(os.path.realpath(ROOT) + os.sep):
+        raise SystemExit(f"gpu-check: the fakequant imported is {info['file']}, not this checkout's")
+    if not info.get("built_cuda"):
+        raise SystemExit(f"gpu-check: the fakequant of {ROOT} was built without CUDA (run without --no-build)")
+    log(f"fakequant {info['file']}, built for {info['arch']}; {args.budget - (time.monotonic() - start):.0f} s left")
+    steps = Steps(args.py, out, args.budget, args.max_failures, start=start)
+    run_plan(steps, plan(out), args.only.split(",") if args.only else None)
+    total = time.monotonic() - start
+    report(out, info, built, steps, args.budget, total)
+    summary(out, info, built, steps, total, args.budget)
     return 1 if steps.failed else 0
 
 

@@ -14,8 +14,12 @@ and the CUDA kernels against the CPU kernels (make gpu-check):
 Each configuration (operator, dtype, layout, parameters; every preset's quantized Linear,
 forward and backward) runs on fixed inputs holding ties, zeros of both signs, values
 beyond the range, NaN and +-inf where the operator takes them; the fingerprint is the
-SHA-256 of the output's and the gradients' bytes. Only fakequant's public API is called,
-so the script runs unchanged on older commits.
+SHA-256 of the output's and the gradients' bytes, with every NaN hashed as one canonical NaN
+(x86 and GPUs write different NaN payloads, and the contract promises NaN, not a payload; the
+sign of zero and every other bit still count). Every random value (inputs, the presets' model
+weights) comes from the CPU generator on the CPU and is then moved to the device, so that the
+fingerprints of two devices describe the same computation. Only fakequant's public API is
+called, so the script runs unchanged on older commits.
 """
 import argparse
 import hashlib
@@ -48,15 +52,28 @@ def _layouts(x):
     yield "sliced", torch.cat([x, x], dim=-1)[..., ::2]
 
 
+# The one NaN each floating dtype is hashed as (the quiet NaN with a zero payload and sign).
+CANONICAL_NAN = {torch.float16: (torch.int16, 0x7E00), torch.bfloat16: (torch.int16, 0x7FC0),
+                 torch.float32: (torch.int32, 0x7FC00000), torch.float64: (torch.int64, 0x7FF8000000000000)}
+
+
+def _canonical_bytes(t):
+    """The bytes of ``t`` (on the CPU, contiguous), every NaN replaced by its dtype's canonical NaN."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    if t.dtype in CANONICAL_NAN:
+        int_dtype, nan = CANONICAL_NAN[t.dtype]
+        t = torch.where(t.isnan(), torch.tensor(nan, dtype=int_dtype), t.view(int_dtype))
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
 def _digest(*tensors):
     h = hashlib.sha256()
     for t in tensors:
         if t is None:
             h.update(b"none")
             continue
-        t = t.detach().cpu().contiguous().reshape(-1)
         h.update(str((t.dtype, tuple(t.shape))).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(_canonical_bytes(t))
     return h.hexdigest()[:24]
 
 
@@ -74,6 +91,16 @@ def _run(fn, x, *params):
 def _learn(t):
     t._learn = True
     return t
+
+
+def _preset_model(preset):
+    """A quantized two-layer MLP of ``preset``, on the CPU, its weights from the CPU generator
+    (whatever the default device: CUDA's generator draws other numbers from the same seed)."""
+    with torch.device("cpu"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+        fakequant.quantize_model(model, preset=preset)
+    return model
 
 
 def cases():
@@ -179,9 +206,7 @@ def cases():
     # every preset's quantized Linear: calibrated, forward and backward
     for preset in sorted(fakequant.presets.PRESETS):
         def linear(preset=preset):
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
-            fakequant.quantize_model(model, preset=preset)
+            model = _preset_model(preset).to(torch.get_default_device())
             data = [_inputs((4, 64), torch.float32, special=False, seed=s) for s in range(2)]
             fakequant.calibrate(model, data, progress=False)
             xi = _inputs((4, 64), torch.float32, special=False, seed=9).requires_grad_()

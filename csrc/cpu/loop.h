@@ -1,7 +1,7 @@
 #pragma once
 // What the CPU loops share: the multiversioned clones, the tile sizes and the
 // packing of mask bytes into bits. The element rules are in contract.h.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #if defined(__SSE2__)

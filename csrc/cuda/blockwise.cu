@@ -279,7 +279,7 @@ void blockwise_cuda(const BlockwiseJob& job) {
     words = static_cast<uint32_t*>(job.mask.mutable_data_ptr());
     TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(words) % alignof(uint32_t) == 0);
   } else {
-    scratch = at::zeros({(n + 31) / 32}, job.x.options().dtype(at::kInt));
+    scratch = job.x.new_zeros({(n + 31) / 32}, job.x.options().dtype(at::kInt));
     words = reinterpret_cast<uint32_t*>(scratch.mutable_data_ptr<int32_t>());
   }
 

@@ -202,7 +202,7 @@ void launch_lsq_backward(const LsqBackwardJob& job) {
     grid.chunk = std::max<int64_t>(2048, ceil_div(ceil_div(n, 8192), 256) * 256);
     grid.splits = ceil_div(shape.outer * shape.inner, grid.chunk);
     k = grid.splits;
-    partial = at::empty({2, shape.channels * k}, options);
+    partial = x.new_empty({2, shape.channels * k}, options);
     double* ps = partial.mutable_data_ptr<double>();
     double* pz = ps + shape.channels * k;
     const unsigned blocks = grid_for(shape.channels * grid.splits, device);
@@ -236,7 +236,7 @@ void launch_lsq_backward(const LsqBackwardJob& job) {
     grid.splits = ceil_div(shape.outer, grid.rows_per_unit);
     grid.col_blocks = ceil_div(grid.cols, grid.cols_per_block);
     k = grid.splits * shape.inner;
-    partial = at::empty({2, shape.channels * k}, options);
+    partial = x.new_empty({2, shape.channels * k}, options);
     double* ps = partial.mutable_data_ptr<double>();
     double* pz = ps + shape.channels * k;
     const unsigned blocks = grid_for(grid.splits * grid.col_blocks * kWarpsPerBlock, device);

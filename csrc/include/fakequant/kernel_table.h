@@ -10,7 +10,7 @@
 // parameters, and the slot runs the loop or launches the kernel. A slot is
 // constant-initialised (null pointers), so registration from another
 // translation unit's static initialisers needs no ordering.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <variant>
 

@@ -2,7 +2,7 @@
 // Maps the elements of a dense tensor, walked in memory order, to the entries of
 // a broadcast parameter array (scale, zero point, amax: one entry per tensor,
 // per channel or per broadcast block). Metadata only; shared by every backend.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <numeric>

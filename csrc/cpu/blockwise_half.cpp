@@ -1,0 +1,10 @@
+// fake_quantize_blockwise's CPU loop for at::Half inputs (blockwise_loops.h).
+#include "blockwise_loops.h"
+
+namespace fakequant {
+namespace cpu {
+
+template void blockwise_typed<at::Half>(const BlockwiseJob& job);
+
+}  // namespace cpu
+}  // namespace fakequant

@@ -1,0 +1,67 @@
+#pragma once
+// The forward kernels of the affine, min/max and amax families for one dtype
+// (quantize_typed<scalar_t>): every rule combination with_quantize_rule names,
+// each with one set of constants or a per-channel table. Instantiated once per
+// dtype, each in a translation unit of its own (quantize.cu: float; the others
+// in quantize_<dtype>.cu), so that a parallel build compiles them at once.
+#include "launch.cuh"
+
+namespace fakequant {
+namespace gpu {
+namespace {
+
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Params>
+void launch_quantize(const QuantizeJob& job, const Params& params) {
+  constexpr int V = kVec<scalar_t>;
+  const int64_t n = job.x.numel();
+  const scalar_t* xp = job.x.const_data_ptr<scalar_t>();
+  scalar_t* yp = job.y.mutable_data_ptr<scalar_t>();
+  auto* mp = M == MaskOut::kNone ? nullptr : static_cast<uint8_t*>(job.mask.mutable_data_ptr());
+  // Vector accesses where input, output and a bool mask are aligned for them
+  // (y and the mask are fresh allocations; input may be a view at any offset).
+  const bool vectorised = aligned16(xp) && aligned16(yp) &&
+                          (M != MaskOut::kBool || reinterpret_cast<uintptr_t>(mp) % V == 0);
+  const int64_t n_vec = vectorised ? n / (kWarpSize * V) * (kWarpSize * V) : 0;
+  const int64_t tiles = std::max(n_vec / (kWarpSize * V), (n - n_vec + kWarpSize - 1) / kWarpSize);
+  const unsigned blocks = grid_for(tiles, job.x.get_device());
+  launch_kernel(&quantize_kernel<scalar_t, F, O, W, M, Params>, blocks, at::cuda::getCurrentCUDAStream(),
+                xp, yp, mp, n, n_vec, params);
+}
+
+}  // namespace
+
+template <typename scalar_t>
+void quantize_typed(const QuantizeJob& job) {
+  using C = compute_t<scalar_t>;
+  with_quantize_rule(job, [&](const auto& family, auto f, auto o, auto w, auto m) {
+    using Family = std::decay_t<decltype(family)>;
+    constexpr Format F = decltype(f)::value;
+    constexpr Output O = decltype(o)::value;
+    constexpr Window W = decltype(w)::value;
+    constexpr MaskOut M = decltype(m)::value;
+    if (job.num_params == 1) {
+      launch_quantize<scalar_t, F, O, W, M>(job, UniformParams<C, Family>{family});
+      return;
+    }
+    const int64_t count = job.num_params;
+    const int64_t bytes = count * static_cast<int64_t>(sizeof(Consts<C>));
+    at::Tensor table = job.y.new_empty({bytes}, job.y.options().dtype(at::kByte));
+    auto* tp = reinterpret_cast<Consts<C>*>(table.mutable_data_ptr());
+    const auto blocks = static_cast<unsigned>((count + kThreads - 1) / kThreads);
+    launch_kernel(&prepare_kernel<C, Family>, blocks, at::cuda::getCurrentCUDAStream(), tp, count,
+                  family);
+    // The caching allocator orders any reuse of `table` after this
+    // stream's queued kernels, so it may be freed when this returns.
+    launch_quantize<scalar_t, F, O, W, M>(
+        job, TableParams<C>{tp, device_layout(job.layout), job.x.numel() < (int64_t{1} << 32)});
+  });
+}
+
+// Each dtype's instantiation is compiled in one translation unit only.
+extern template void quantize_typed<float>(const QuantizeJob& job);
+extern template void quantize_typed<double>(const QuantizeJob& job);
+extern template void quantize_typed<at::Half>(const QuantizeJob& job);
+extern template void quantize_typed<at::BFloat16>(const QuantizeJob& job);
+
+}  // namespace gpu
+}  // namespace fakequant
