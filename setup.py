@@ -182,7 +182,7 @@ def static_libstdcxx(cxx, workdir):
         f.write("#include <sstream>\n#include <string>\n"
                 "std::string fakequant_probe(long v) { std::ostringstream s; s << v; return s.str(); }\n")
     try:
-        subprocess.run([*cxx, "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True, timeout=120)
+        subprocess.run([*cxx, "-shared", "-fPIC", "-Wl,-z,defs", src, "-o", lib], check=True, capture_output=True, timeout=120)
         dynamic = subprocess.run([readelf, "-d", lib], check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None

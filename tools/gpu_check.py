@@ -110,6 +110,23 @@ def ninja_times(build_temp):
                   reverse=True)
 
 
+# What setup.py says when it refuses a compiler that links libstdc++ statically, and the compilers
+# gpu-check then builds with.
+STATIC_LIBSTDCXX = "links libstdc++ statically"
+SYSTEM_CXX = ("/usr/bin/gcc", "/usr/bin/g++")
+
+
+def _read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def _build(py, env, log_path, mode="w"):
+    with open(log_path, mode) as f:
+        return subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace", "--build-temp", BUILD_DIR],
+                              cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
 def build(py, info, out):
     """Builds fakequant in place for this GPU (ninja: only what changed since the last build).
     Returns (seconds, the slowest objects it compiled)."""
@@ -119,9 +136,14 @@ def build(py, info, out):
         log("warning: no ninja here; torch's builder then compiles one file at a time")
     log(f"building for compute capability {info['capability']} with {jobs} jobs (log: {out}/build.log)")
     start = time.monotonic()
-    with open(os.path.join(out, "build.log"), "w") as f:
-        done = subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace", "--build-temp", BUILD_DIR],
-                              cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    done = _build(py, env, os.path.join(out, "build.log"))
+    if done.returncode != 0 and STATIC_LIBSTDCXX in _read(os.path.join(out, "build.log")) and \
+            os.path.exists(SYSTEM_CXX[1]):
+        # setup.py refused the machine's CXX (it links libstdc++ statically: the first GPU machine's
+        # did, and the library crashed at its first exception); the system's compilers do not
+        log(f"the machine's C++ compiler ({env.get('CXX')}) links libstdc++ statically; building with {SYSTEM_CXX[1]}")
+        env.update(CC=SYSTEM_CXX[0], CXX=SYSTEM_CXX[1])
+        done = _build(py, env, os.path.join(out, "build.log"), mode="a")
     if done.returncode != 0:
         raise SystemExit(f"gpu-check: the build failed (see {os.path.join(out, 'build.log')})")
     seconds = time.monotonic() - start
