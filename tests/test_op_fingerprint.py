@@ -46,6 +46,19 @@ def test_one_ulp_and_the_sign_of_zero_change_the_fingerprint(dtype):
     assert fp._digest(x) == fp._digest(x.clone())
 
 
+def test_the_digest_under_another_default_device():
+    """The tool runs with the device as torch's default device (make gpu-check: "cuda"); the
+    digest of a CPU copy makes no tensor there ("meta" stands in for it: the first GPU run of
+    the canonical NaN failed every configuration so, "found at least two devices")."""
+    x = torch.tensor([1.5, float("nan"), -0.0])
+    expected = fp._digest(x)
+    torch.set_default_device("meta")
+    try:
+        assert fp._digest(x) == expected
+    finally:
+        torch.set_default_device(None)
+
+
 def test_a_presets_model_is_built_on_the_cpu_whatever_the_default_device():
     """Its weights come from the CPU generator (CUDA's draws other numbers from the same seed):
     built with another default device ("meta" here, "cuda" in make gpu-check), they are the

@@ -62,7 +62,7 @@ def _canonical_bytes(t):
     t = t.detach().cpu().contiguous().reshape(-1)
     if t.dtype in CANONICAL_NAN:
         int_dtype, nan = CANONICAL_NAN[t.dtype]
-        t = torch.where(t.isnan(), torch.tensor(nan, dtype=int_dtype), t.view(int_dtype))
+        t = torch.where(t.isnan(), torch.tensor(nan, dtype=int_dtype, device=t.device), t.view(int_dtype))
     return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
