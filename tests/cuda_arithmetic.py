@@ -8,7 +8,7 @@ cuda-arithmetic``). What it reproduces, each from PyTorch's CUDA kernels:
 
 - true division of a tensor of the GPU by a CPU scalar (a Python number, or a 0-dim tensor that
   would be on the CPU: ``torch.tensor(127.0)`` made without a device, ``.cpu()``) multiplies by
-  the reciprocal rounded to the op's compute type (aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu:
+  the reciprocal rounded to the op's compute type (PyTorch's BinaryDivTrueKernel.cu:
   ``a * (1 / b)``); ``a / tensor`` of the device divides. All tensors are CPU tensors here: the
   mode follows which would be on the GPU in a run on one (made with a device, or moved there with
   ``.to``), and computes those alone as CUDA does.

@@ -2,7 +2,7 @@
 round the same on the CPU and on CUDA.
 
 PyTorch's CUDA kernels divide a tensor by a Python number or by a 0-dim CPU tensor as
-``a * (1 / b)``, the reciprocal rounded first (aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu),
+``a * (1 / b)``, the reciprocal rounded first (PyTorch's BinaryDivTrueKernel.cu),
 while the CPU divides: float32 ``a * RN(1/b)`` differs from ``RN(a / b)`` for about 4% of values
 at b = 127 and for over half at b = 7, 15, 255 or 448. A quantization parameter (a scale, a
 step, a histogram's bin width) computed on the host from a tensor and a number therefore divides
