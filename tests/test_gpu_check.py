@@ -60,7 +60,7 @@ def _python_without_fakequant(tmp_path):
 
 def test_a_script_step_runs_the_checkouts_fakequant_with_a_python_that_has_none_installed(tmp_path, monkeypatch):
     """The first GPU run's script steps all died with ModuleNotFoundError: an in-place build, and
-    `python tools/x.py` puts tools/, not the checkout, on the path."""
+    `python tools/<script>.py` puts tools/, not the checkout, on the path."""
     gpu_check = _gpu_check()
     py, _ = _python_without_fakequant(tmp_path)
     monkeypatch.delenv("PYTHONPATH", raising=False)  # the checkout reaches the step only through gpu-check

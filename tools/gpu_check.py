@@ -52,7 +52,7 @@ def log(message):
 
 def step_env(*paths, **variables):
     """The environment of every process gpu-check starts: the checkout first on PYTHONPATH (an
-    in-place build is importable only from there: ``python tools/x.py`` puts tools/ on the path,
+    in-place build is importable only from there: ``python tools/<script>.py`` puts tools/ on the path,
     not the working directory), then ``paths``, then what was there."""
     env = dict(os.environ, **variables)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, *paths] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

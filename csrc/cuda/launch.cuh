@@ -10,7 +10,7 @@
 // device and tests/emulator/simt_runtime.h for the few CUDA runtime calls, and
 // the kernels serve the CPU tensors and the emulated device of a library of their own
 // (tests/test_cuda_emulated.py compares it with the CPU kernels).
-// (ATen/core/Tensor.h, not ATen/ATen.h: scratch tensors come from Tensor::new_empty and
+// (<ATen/core/Tensor.h>, not <ATen/ATen.h>: scratch tensors come from Tensor::new_empty and
 // new_zeros; the whole of ATen costs every .cu file about 25 s of nvcc per architecture)
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
