@@ -193,3 +193,57 @@ def test_torch_jit_script_of_ao_modules_computes_what_eager_does(name):
     scripted.disable_fake_quant()
     x = torch.randn(6, 4, 5, generator=g)
     assert bits_equal(scripted(x), x) and bits_equal(eager(x), x)
+
+
+# --- torch's words and argument types, where torch's own tests match on them ----------------
+
+TORCH_ZERO_POINT_WORDS = "`zero_point` must be between `quant_min` and `quant_max`."  # (a regex, as torch's tests)
+ZERO_POINT_OUT_OF_RANGE = {  # name: a replacement of torch's called with zero point -1 in [0, 255]
+    "per channel": lambda x: fakequant.fake_quantize_per_channel_affine(
+        x, torch.ones(3), torch.full((3,), -1, dtype=torch.int32), 1, 0, 255),
+    "per channel, cachemask": lambda x: fakequant.fake_quantize_per_channel_affine_cachemask(
+        x, torch.ones(3), torch.full((3,), -1, dtype=torch.int32), 1, 0, 255),
+    "per tensor": lambda x: fakequant.fake_quantize_per_tensor_affine(x, 0.1, -1, 0, 255),
+    "per tensor, cachemask": lambda x: fakequant.fake_quantize_per_tensor_affine_cachemask(x, 0.1, -1, 0, 255),
+}
+
+
+@pytest.mark.parametrize("empty", [False, True])
+@pytest.mark.parametrize("case", list(ZERO_POINT_OUT_OF_RANGE))
+def test_a_zero_point_out_of_range_says_what_torch_says(case, empty):
+    # torch's test_fake_quant_per_channel_qparam_range(_empty_input) match torch's message
+    x = torch.empty(0, 3) if empty else torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match=TORCH_ZERO_POINT_WORDS) as info:
+        ZERO_POINT_OUT_OF_RANGE[case](x)
+    message = str(info.value)
+    assert isinstance(info.value, ValueError) and message.startswith("fakequant: zero_point")
+    assert "[0, 255]" in message and "-1" in message  # fakequant's: the range and the value
+    # fakequant's own operator keeps its own words
+    with pytest.raises(ValueError) as info:
+        fakequant.fake_quantize_affine(x, 0.1, -1, None, 0, 255)
+    assert "zero_point must hold integers" in str(info.value) and "`zero_point`" not in str(info.value)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float64, torch.float16, torch.int32])
+@pytest.mark.parametrize("zero_point_dtype", [torch.int32, torch.float32])
+@pytest.mark.parametrize("cachemask", [False, True])
+def test_per_channel_scale_of_a_dtype_torch_refuses_is_refused(scale_dtype, zero_point_dtype, cachemask):
+    x = torch.randn(3, 4, 5)
+    scale = torch.tensor([0.1, 0.2, 0.3, 0.4]).to(scale_dtype)
+    zero_point = torch.tensor([1, 2, 3, 4]).to(zero_point_dtype)
+    ours, theirs = ((fakequant.fake_quantize_per_channel_affine_cachemask, CACHEMASK) if cachemask
+                    else (fakequant.fake_quantize_per_channel_affine, torch.fake_quantize_per_channel_affine))
+    with pytest.raises(RuntimeError, match="Scale must be Float or BFloat16"):
+        theirs(x, scale, zero_point, 1, 0, 255)
+    with pytest.raises(RuntimeError, match="Scale must be Float or BFloat16") as info:
+        ours(x, scale, zero_point, 1, 0, 255)
+    assert isinstance(info.value, TypeError) and str(info.value).startswith("fakequant: scale")
+    # fakequant's own operator takes any floating-point scale
+    if scale_dtype.is_floating_point:
+        assert bits_equal(fakequant.fake_quantize_affine(x, scale, zero_point, 1, 0, 255),
+                          fakequant.fake_quantize_affine(x, scale.float(), zero_point, 1, 0, 255))
+    # a bfloat16 scale is taken on every device: torch's check takes it and its CUDA kernel
+    # computes with it; its CPU kernel fails an internal assert (the RuntimeError torch's
+    # test_fake_quantize_per_channel_affine_scale_dtypes expects there; docs/torch-ao.md)
+    bf16 = torch.tensor([0.1, 0.2, 0.3, 0.4]).bfloat16()
+    assert bits_equal(ours(x, bf16, zero_point, 1, 0, 255)[0], ours(x, bf16.float(), zero_point, 1, 0, 255)[0])
