@@ -247,3 +247,57 @@ def test_per_channel_scale_of_a_dtype_torch_refuses_is_refused(scale_dtype, zero
     # test_fake_quantize_per_channel_affine_scale_dtypes expects there; docs/torch-ao.md)
     bf16 = torch.tensor([0.1, 0.2, 0.3, 0.4]).bfloat16()
     assert bits_equal(ours(x, bf16, zero_point, 1, 0, 255)[0], ours(x, bf16.float(), zero_point, 1, 0, 255)[0])
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_torch_jit_script_of_torch_ao_fused_module_with_fakequant_fused_op(monkeypatch, per_channel):
+    # torch.ao's own FusedMovingAvgObsFakeQuantize, its torch.fused_moving_avg_obs_fake_quant
+    # swapped for fakequant's (this test's patch; fakequant patches nothing): the scripted module
+    # compiles, and computes what the eager one does, bit for bit
+    monkeypatch.setattr(torch, "fused_moving_avg_obs_fake_quant", fakequant.ops.fused_moving_avg_obs_fake_quant)
+    kwargs = dict(observer=tq.MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
+                  dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=0) if per_channel else {}
+    eager = tq.FusedMovingAvgObsFakeQuantize(**kwargs)
+    scripted = torch.jit.script(copy.deepcopy(eager))
+    g = torch.Generator().manual_seed(4)
+    for step in range(4):
+        if step == 2:
+            eager.disable_observer()
+            scripted.disable_observer()
+        x = (torch.randn(6, 4, 5, generator=g) * (step + 1)).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        y, y2 = eager(x), scripted(x2)
+        y.square().sum().backward()
+        y2.square().sum().backward()
+        assert bits_equal(y2, y) and bits_equal(x2.grad, x.grad)
+        for name in ("scale", "zero_point"):
+            assert bits_equal(getattr(scripted, name), getattr(eager, name))
+        for name in ("min_val", "max_val"):
+            assert bits_equal(getattr(scripted.activation_post_process, name),
+                              getattr(eager.activation_post_process, name))
+    eager.disable_fake_quant()
+    scripted.disable_fake_quant()
+    x = torch.randn(6, 4, 5, generator=g)
+    assert bits_equal(scripted(x), x) and bits_equal(eager(x), x)
+
+
+def test_functional_fused_op_has_torchs_signature_and_return():
+    import inspect
+
+    ours = inspect.signature(fakequant.ops.fused_moving_avg_obs_fake_quant)
+    assert list(ours.parameters)[1:] == ["observer_on", "fake_quant_on", "running_min", "running_max", "scale",
+                                         "zero_point", "averaging_const", "quant_min", "quant_max", "ch_axis",
+                                         "per_row_fake_quant", "symmetric_quant"]
+    assert ours.parameters["per_row_fake_quant"].default is False
+    assert ours.parameters["symmetric_quant"].default is False
+    scripted = torch.jit.script(fakequant.ops.fused_moving_avg_obs_fake_quant)
+    x = torch.randn(8, 3)
+    on = torch.tensor([1], dtype=torch.uint8)
+    buffers = [torch.tensor([float("inf")]), torch.tensor([float("-inf")]), torch.tensor([1.0]),
+               torch.tensor([0], dtype=torch.int32)]
+    theirs = [b.clone() for b in buffers]
+    y = scripted(x, on, on, *buffers, 0.01, 0, 255, 0)
+    t = torch.fused_moving_avg_obs_fake_quant(x, on, on, *theirs, 0.01, 0, 255, 0)
+    assert isinstance(y, torch.Tensor) and y.shape == t.shape  # one tensor, as torch's
+    for a, b in zip(buffers, theirs):
+        assert bits_equal(a, b)
