@@ -4,6 +4,7 @@ Scripts and their tests match these words (``pytest.raises(..., match=...)``); e
 is the 2.2.1 call, its exception type and the words its message holds. fakequant's message
 says more (the argument, the value, what is allowed), around them.
 """
+import numpy as np
 import pytest
 import torch
 
@@ -111,3 +112,15 @@ def test_group_parameters_checks_each_pattern_first():
 def test_group_parameters_checks_lengths_before_the_model():
     with pytest.raises(TypeError, match="must match"):
         optim.helper.group_parameters(None, [["fc"], ["conv"]], lrs=[0.1])
+
+
+@pytest.mark.parametrize("learn_min, learn_max", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("make", [torch.tensor, lambda v: torch.tensor([v])])
+def test_learnable_clip_with_one_element_tensor_bounds(make, learn_min, learn_max):
+    # 2.2.1 refuses a tensor for a learnable bound whatever its size
+    with pytest.raises(ValueError, match="must be scalar"):
+        quant_nn.Clip(make(0.3), make(0.7), learn_min=learn_min, learn_max=learn_max)
+    # numbers (and NumPy values) are taken; fixed bounds may be tensors
+    clip = quant_nn.Clip(-0.3, np.float32(0.7), learn_min=learn_min, learn_max=learn_max)
+    assert clip.clip_value_min.shape == () and clip.clip_value_max.shape == ()
+    assert quant_nn.Clip(make(0.3), torch.ones(3)).clip_value_max.shape == (3,)

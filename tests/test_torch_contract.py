@@ -193,3 +193,111 @@ def test_torch_jit_script_of_ao_modules_computes_what_eager_does(name):
     scripted.disable_fake_quant()
     x = torch.randn(6, 4, 5, generator=g)
     assert bits_equal(scripted(x), x) and bits_equal(eager(x), x)
+
+
+# --- torch's words and argument types, where torch's own tests match on them ----------------
+
+TORCH_ZERO_POINT_WORDS = "`zero_point` must be between `quant_min` and `quant_max`."  # (a regex, as torch's tests)
+ZERO_POINT_OUT_OF_RANGE = {  # name: a replacement of torch's called with zero point -1 in [0, 255]
+    "per channel": lambda x: fakequant.fake_quantize_per_channel_affine(
+        x, torch.ones(3), torch.full((3,), -1, dtype=torch.int32), 1, 0, 255),
+    "per channel, cachemask": lambda x: fakequant.fake_quantize_per_channel_affine_cachemask(
+        x, torch.ones(3), torch.full((3,), -1, dtype=torch.int32), 1, 0, 255),
+    "per tensor": lambda x: fakequant.fake_quantize_per_tensor_affine(x, 0.1, -1, 0, 255),
+    "per tensor, cachemask": lambda x: fakequant.fake_quantize_per_tensor_affine_cachemask(x, 0.1, -1, 0, 255),
+}
+
+
+@pytest.mark.parametrize("empty", [False, True])
+@pytest.mark.parametrize("case", list(ZERO_POINT_OUT_OF_RANGE))
+def test_a_zero_point_out_of_range_says_what_torch_says(case, empty):
+    # torch's test_fake_quant_per_channel_qparam_range(_empty_input) match torch's message
+    x = torch.empty(0, 3) if empty else torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match=TORCH_ZERO_POINT_WORDS) as info:
+        ZERO_POINT_OUT_OF_RANGE[case](x)
+    message = str(info.value)
+    assert isinstance(info.value, ValueError) and message.startswith("fakequant: zero_point")
+    assert "[0, 255]" in message and "-1" in message  # fakequant's: the range and the value
+    # fakequant's own operator keeps its own words
+    with pytest.raises(ValueError) as info:
+        fakequant.fake_quantize_affine(x, 0.1, -1, None, 0, 255)
+    assert "zero_point must hold integers" in str(info.value) and "`zero_point`" not in str(info.value)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float64, torch.float16, torch.int32])
+@pytest.mark.parametrize("zero_point_dtype", [torch.int32, torch.float32])
+@pytest.mark.parametrize("cachemask", [False, True])
+def test_per_channel_scale_of_a_dtype_torch_refuses_is_refused(scale_dtype, zero_point_dtype, cachemask):
+    x = torch.randn(3, 4, 5)
+    scale = torch.tensor([0.1, 0.2, 0.3, 0.4]).to(scale_dtype)
+    zero_point = torch.tensor([1, 2, 3, 4]).to(zero_point_dtype)
+    ours, theirs = ((fakequant.fake_quantize_per_channel_affine_cachemask, CACHEMASK) if cachemask
+                    else (fakequant.fake_quantize_per_channel_affine, torch.fake_quantize_per_channel_affine))
+    with pytest.raises(RuntimeError, match="Scale must be Float or BFloat16"):
+        theirs(x, scale, zero_point, 1, 0, 255)
+    with pytest.raises(RuntimeError, match="Scale must be Float or BFloat16") as info:
+        ours(x, scale, zero_point, 1, 0, 255)
+    assert isinstance(info.value, TypeError) and str(info.value).startswith("fakequant: scale")
+    # fakequant's own operator takes any floating-point scale
+    if scale_dtype.is_floating_point:
+        assert bits_equal(fakequant.fake_quantize_affine(x, scale, zero_point, 1, 0, 255),
+                          fakequant.fake_quantize_affine(x, scale.float(), zero_point, 1, 0, 255))
+    # a bfloat16 scale is taken on every device: torch's check takes it and its CUDA kernel
+    # computes with it; its CPU kernel fails an internal assert (the RuntimeError torch's
+    # test_fake_quantize_per_channel_affine_scale_dtypes expects there; docs/torch-ao.md)
+    bf16 = torch.tensor([0.1, 0.2, 0.3, 0.4]).bfloat16()
+    assert bits_equal(ours(x, bf16, zero_point, 1, 0, 255)[0], ours(x, bf16.float(), zero_point, 1, 0, 255)[0])
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_torch_jit_script_of_torch_ao_fused_module_with_fakequant_fused_op(monkeypatch, per_channel):
+    # torch.ao's own FusedMovingAvgObsFakeQuantize, its torch.fused_moving_avg_obs_fake_quant
+    # swapped for fakequant's (this test's patch; fakequant patches nothing): the scripted module
+    # compiles, and computes what the eager one does, bit for bit
+    monkeypatch.setattr(torch, "fused_moving_avg_obs_fake_quant", fakequant.ops.fused_moving_avg_obs_fake_quant)
+    kwargs = dict(observer=tq.MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
+                  dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=0) if per_channel else {}
+    eager = tq.FusedMovingAvgObsFakeQuantize(**kwargs)
+    scripted = torch.jit.script(copy.deepcopy(eager))
+    g = torch.Generator().manual_seed(4)
+    for step in range(4):
+        if step == 2:
+            eager.disable_observer()
+            scripted.disable_observer()
+        x = (torch.randn(6, 4, 5, generator=g) * (step + 1)).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        y, y2 = eager(x), scripted(x2)
+        y.square().sum().backward()
+        y2.square().sum().backward()
+        assert bits_equal(y2, y) and bits_equal(x2.grad, x.grad)
+        for name in ("scale", "zero_point"):
+            assert bits_equal(getattr(scripted, name), getattr(eager, name))
+        for name in ("min_val", "max_val"):
+            assert bits_equal(getattr(scripted.activation_post_process, name),
+                              getattr(eager.activation_post_process, name))
+    eager.disable_fake_quant()
+    scripted.disable_fake_quant()
+    x = torch.randn(6, 4, 5, generator=g)
+    assert bits_equal(scripted(x), x) and bits_equal(eager(x), x)
+
+
+def test_functional_fused_op_has_torchs_signature_and_return():
+    import inspect
+
+    ours = inspect.signature(fakequant.ops.fused_moving_avg_obs_fake_quant)
+    assert list(ours.parameters)[1:] == ["observer_on", "fake_quant_on", "running_min", "running_max", "scale",
+                                         "zero_point", "averaging_const", "quant_min", "quant_max", "ch_axis",
+                                         "per_row_fake_quant", "symmetric_quant"]
+    assert ours.parameters["per_row_fake_quant"].default is False
+    assert ours.parameters["symmetric_quant"].default is False
+    scripted = torch.jit.script(fakequant.ops.fused_moving_avg_obs_fake_quant)
+    x = torch.randn(8, 3)
+    on = torch.tensor([1], dtype=torch.uint8)
+    buffers = [torch.tensor([float("inf")]), torch.tensor([float("-inf")]), torch.tensor([1.0]),
+               torch.tensor([0], dtype=torch.int32)]
+    theirs = [b.clone() for b in buffers]
+    y = scripted(x, on, on, *buffers, 0.01, 0, 255, 0)
+    t = torch.fused_moving_avg_obs_fake_quant(x, on, on, *theirs, 0.01, 0, 255, 0)
+    assert isinstance(y, torch.Tensor) and y.shape == t.shape  # one tensor, as torch's
+    for a, b in zip(buffers, theirs):
+        assert bits_equal(a, b)

@@ -21,6 +21,10 @@ def _bound(value: Any, name: str, learn: bool) -> torch.Tensor:
         raise TypeError(f"{name} must be a number or a tensor, got a bool")
     if isinstance(value, numbers.Real):
         return torch.tensor(float(value), dtype=torch.float32)
+    if learn and isinstance(value, torch.Tensor):
+        # pytorch-quantization 2.2.1 refuses every tensor here (ValueError), one element or not
+        raise ValueError(f"a learnable {name} must be scalar (hold one value) given as a number or a NumPy "
+                         f"value, not a tensor; got a tensor of shape {tuple(value.shape)} (pass float(t))")
     if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
         t = torch.as_tensor(value).detach().clone()
         if not t.is_floating_point():
@@ -46,6 +50,9 @@ class Clip(nn.Module):
         clip_value_max: upper bound, a number or a tensor broadcastable to the input.
         learn_min: make ``clip_value_min`` a (scalar) ``nn.Parameter``. Default False.
         learn_max: make ``clip_value_max`` a (scalar) ``nn.Parameter``. Default False.
+
+    A learnable bound is given as a number or a one-element NumPy value; a tensor (even of
+    one element) raises ValueError, as pytorch-quantization 2.2.1 does.
 
     Learnable bounds are parameters named ``clip_value_min`` / ``clip_value_max``
     (the state_dict keys of pytorch-quantization); fixed bounds are

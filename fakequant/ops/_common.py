@@ -73,21 +73,44 @@ class _Params:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+# torch's words where torch's own tests match on them (test_workflow_ops.py): (what
+# fakequant's message says, torch's message for the same error). They are added to the
+# messages of the replacements of torch's functions only: fakequant's other operators keep
+# their own (docs/design.md, "Errors").
+_TORCH_WORDS = (
+    ("zero_point must hold integers in [quant_min, quant_max]",
+     "`zero_point` must be between `quant_min` and `quant_max`."),
+)
+
+
+def _with_torch_words(args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """An exception's args, torch's words appended to its message where it has some."""
+    if len(args) == 1 and isinstance(args[0], str):
+        for ours, torchs in _TORCH_WORDS:
+            if ours in args[0] and torchs not in args[0]:
+                return (f"{args[0]} (torch: {torchs})",)
+    return args
+
+
 def _raises_like_torch(fn: _F) -> _F:
     """For the replacements of torch's functions: a bad argument raises an exception that
     is both fakequant's type and torch's (RuntimeError), so ``except RuntimeError`` in code
-    written for torch still catches it (ValueAndRuntimeError, TypeAndRuntimeError)."""
+    written for torch still catches it (ValueAndRuntimeError, TypeAndRuntimeError); where
+    torch's tests match on torch's message, the message holds torch's words too."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except (ValueAndRuntimeError, TypeAndRuntimeError) as e:
+            e.args = _with_torch_words(e.args)
+            raise
         except RuntimeError:
             raise
         except ValueError as e:
-            raise ValueAndRuntimeError(*e.args) from e
+            raise ValueAndRuntimeError(*_with_torch_words(e.args)) from e
         except TypeError as e:
-            raise TypeAndRuntimeError(*e.args) from e
+            raise TypeAndRuntimeError(*_with_torch_words(e.args)) from e
 
     return cast(_F, wrapper)  # (the same signature: functools.wraps)
 

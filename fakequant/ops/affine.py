@@ -113,6 +113,18 @@ def fake_quantize_per_tensor_affine(
     return _affine(input, scale, zero_point, None, quant_min, quant_max, True)[0]
 
 
+# The scale dtypes torch's per-channel functions take (their check: "Scale must be Float or
+# BFloat16"; float16 and float64 raise RuntimeError). fakequant.fake_quantize_affine takes any.
+_TORCH_PER_CHANNEL_SCALE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _check_torch_per_channel_scale(scale: TensorOrNumber) -> None:
+    if isinstance(scale, torch.Tensor) and scale.dtype not in _TORCH_PER_CHANNEL_SCALE_DTYPES:
+        raise TypeError(f"fakequant: scale must be a float32 or bfloat16 tensor, as torch's per-channel fake "
+                        f"quantization takes, got {scale.dtype} (torch: Scale must be Float or BFloat16); "
+                        "fakequant.fake_quantize_affine takes any floating-point scale")
+
+
 @_raises_like_torch
 def fake_quantize_per_channel_affine(
     input: torch.Tensor,
@@ -130,7 +142,10 @@ def fake_quantize_per_channel_affine(
     before rounding, ``(clamp(rint(x / s + zp), quant_min, quant_max) - zp) * s``
     (:func:`fakequant.reference.fake_quantize_affine_float_zero_point`); an ONNX export
     writes that arithmetic (no QDQ pair holds a fractional zero point).
+
+    ``scale`` is float32 or bfloat16, as torch's takes (TypeError and RuntimeError otherwise).
     """
+    _check_torch_per_channel_scale(scale)
     if isinstance(zero_point, torch.Tensor) and zero_point.is_floating_point():
         return _float_zero_point(input, scale, zero_point, axis, quant_min, quant_max, False)
     # (an int, as torch's op takes: None would be per tensor in _affine)
@@ -206,7 +221,8 @@ def fake_quantize_per_channel_affine_cachemask(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Drop-in for ``torch.fake_quantize_per_channel_affine_cachemask``: ``(output, bool mask)``
     as :func:`fake_quantize_per_tensor_affine_cachemask`, one scale and zero point per
-    index of ``axis``."""
+    index of ``axis`` (``scale`` float32 or bfloat16, as torch's takes)."""
+    _check_torch_per_channel_scale(scale)
     if isinstance(zero_point, torch.Tensor) and zero_point.is_floating_point():
         return _float_zero_point(input, scale, zero_point, axis, quant_min, quant_max, True)
     input = check_tensor(input, "input")

@@ -41,7 +41,6 @@ class _FusedMovingAvgObsFakeQuant(torch.autograd.Function):
         return (mask_grad(grad, mask, ctx.output_stride),) + (None,) * ctx.num_args
 
 
-@_raises_like_torch
 def fused_moving_avg_obs_fake_quant(
     input: torch.Tensor,
     observer_on: torch.Tensor,
@@ -71,7 +70,38 @@ def fused_moving_avg_obs_fake_quant(
     it. The fake quantization follows fakequant's contract (``rint(x / scale)``), so it can
     differ from torch's by one step at exact ties. Differentiable in ``input``: the gradient
     passes where ``rint(x / scale) + zero_point`` lies in ``[quant_min, quant_max]``.
+
+    ``torch.jit.script`` compiles it (a torch.ao ``FusedMovingAvgObsFakeQuantize`` whose
+    ``torch.fused_moving_avg_obs_fake_quant`` is this function scripts):
+    :func:`scripted_fused_moving_avg_obs_fake_quant`, the same outputs and buffers bit for bit.
     """
+    if torch.jit.is_scripting():
+        return scripted_fused_moving_avg_obs_fake_quant(
+            input, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const,
+            quant_min, quant_max, ch_axis, per_row_fake_quant, symmetric_quant)
+    return _fused_moving_avg_obs_fake_quant(
+        input, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const,
+        quant_min, quant_max, ch_axis, per_row_fake_quant, symmetric_quant)
+
+
+@torch.jit.unused
+@_raises_like_torch
+def _fused_moving_avg_obs_fake_quant(
+    input: torch.Tensor,
+    observer_on: torch.Tensor,
+    fake_quant_on: torch.Tensor,
+    running_min: torch.Tensor,
+    running_max: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    averaging_const: float,
+    quant_min: int,
+    quant_max: int,
+    ch_axis: int,
+    per_row_fake_quant: bool,
+    symmetric_quant: bool,
+) -> torch.Tensor:
+    """:func:`fused_moving_avg_obs_fake_quant` in eager code: the checks, then the operator."""
     input = check_tensor(input, "input")
     for name, t in (("observer_on", observer_on), ("fake_quant_on", fake_quant_on), ("running_min", running_min),
                     ("running_max", running_max), ("scale", scale), ("zero_point", zero_point)):
