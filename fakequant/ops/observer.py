@@ -73,7 +73,7 @@ def fused_moving_avg_obs_fake_quant(
 
     ``torch.jit.script`` compiles it (a torch.ao ``FusedMovingAvgObsFakeQuantize`` whose
     ``torch.fused_moving_avg_obs_fake_quant`` is this function scripts):
-    :func:`scripted_fused_moving_avg_obs_fake_quant`, the same outputs and buffers bit for bit.
+    ``scripted_fused_moving_avg_obs_fake_quant``, the same outputs and buffers bit for bit.
     """
     if torch.jit.is_scripting():
         return scripted_fused_moving_avg_obs_fake_quant(
