@@ -182,12 +182,7 @@ def test_torch_jit_script_of_ao_modules_computes_what_eager_does(name):
     scripted = torch.jit.script(copy.deepcopy(eager))
     g = torch.Generator().manual_seed(3)
     for step in range(3):
-        x = (torch.randn(6, 4, 5, generator=g) * (step + 1)).requires_grad_()
-        x2 = x.detach().clone().requires_grad_()
-        y, y2 = eager(x), scripted(x2)
-        y.square().sum().backward()
-        y2.square().sum().backward()
-        assert bits_equal(y2, y) and bits_equal(x2.grad, x.grad)
+        _same_step(eager, scripted, (torch.randn(6, 4, 5, generator=g) * (step + 1)))
         assert bits_equal(scripted.scale, eager.scale) and torch.equal(scripted.zero_point, eager.zero_point)
     eager.disable_fake_quant()
     scripted.disable_fake_quant()
@@ -249,6 +244,15 @@ def test_per_channel_scale_of_a_dtype_torch_refuses_is_refused(scale_dtype, zero
     assert bits_equal(ours(x, bf16, zero_point, 1, 0, 255)[0], ours(x, bf16.float(), zero_point, 1, 0, 255)[0])
 
 
+
+def _same_step(eager, scripted, x):
+    """One forward and backward of both modules on copies of x: the same output and gradient."""
+    x, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y, y2 = eager(x), scripted(x2)
+    y.square().sum().backward()
+    y2.square().sum().backward()
+    assert bits_equal(y2, y) and bits_equal(x2.grad, x.grad)
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_torch_jit_script_of_torch_ao_fused_module_with_fakequant_fused_op(monkeypatch, per_channel):
     # torch.ao's own FusedMovingAvgObsFakeQuantize, its torch.fused_moving_avg_obs_fake_quant
@@ -264,12 +268,7 @@ def test_torch_jit_script_of_torch_ao_fused_module_with_fakequant_fused_op(monke
         if step == 2:
             eager.disable_observer()
             scripted.disable_observer()
-        x = (torch.randn(6, 4, 5, generator=g) * (step + 1)).requires_grad_()
-        x2 = x.detach().clone().requires_grad_()
-        y, y2 = eager(x), scripted(x2)
-        y.square().sum().backward()
-        y2.square().sum().backward()
-        assert bits_equal(y2, y) and bits_equal(x2.grad, x.grad)
+        _same_step(eager, scripted, (torch.randn(6, 4, 5, generator=g) * (step + 1)))
         for name in ("scale", "zero_point"):
             assert bits_equal(getattr(scripted, name), getattr(eager, name))
         for name in ("min_val", "max_val"):
