@@ -128,6 +128,13 @@ $(CUDA_BUILD)/.built: $(CUDA_DEPS) $(SOURCES) .ci/check_cuda_build.py tests/op_t
 
 cuda-build: $(CUDA_BUILD)/.built
 
+# `make sass`: the instruction count of each CUDA kernel's hot loop in the sm_90 code of that
+# build (tools/sass_report.py, cuobjdump; docs/performance.md, "The GPU kernels' instruction
+# budget"). It fails when a kernel it reports is missing from the build.
+.PHONY: sass
+sass: $(CUDA_BUILD)/.built
+	$(CUDA_PY) tools/sass_report.py $(wildcard $(CUDA_BUILD)/lib/fakequant/_C*.so)
+
 # `make cuda-emulate`: the CUDA kernels executed on the CPU by our SIMT emulator
 # (tests/emulator/simt_emulator.h: test infrastructure, not shipped). First the
 # emulator's self-test (built plain, with ASan/UBSan and with ThreadSanitizer,

@@ -122,6 +122,25 @@ def test_quantize_sizes(n, dtype, pack, offset):
     cpu_and_cuda("fake_quantize_affine", x, t(0.05), t(3), None, -128, 127, pack)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_quantize_fast_division(dtype):
+    # x / s by the scale's reciprocal (contract.h's quotient_of) at the ends of its fast range:
+    # scales just inside and outside [2^-60, 2^60], dividends at 2^60 and beyond, subnormal,
+    # tiny and zero, each in vectors of otherwise ordinary values (a vector with one dividend
+    # out of range divides all of its elements by div_rn).
+    x = data(4096, torch.float64)
+    specials = [2.0**60, -(2.0**60), 2.0**61, 3e38, 1e-45, -1e-40, 2.0**-100, -(2.0**-101), 1e-30, 0.0, -0.0]
+    for i, v in enumerate(specials):
+        x[8 * i + 3] = v
+    x[1000:1200] *= 1e-20
+    x = x.to(dtype)
+    for scale in (2.0**-61, 2.0**-60, 1e-30, 3.1e-3, 0.05, 7.0, 2.0**60, 2.0**61, 1e30):
+        cpu_and_cuda("fake_quantize_affine", x, t(scale), t(3), None, -128, 127, True)
+        amax = t(scale * 127)
+        cpu_and_cuda("fake_quantize_amax", x, amax, 8, False, True, False)
+        cpu_and_cuda("fake_quantize_fp8", x, t(scale * 448), 4, 3, False)
+
+
 # Every per-tensor sample call of the op table (tests/op_table.py) but the stateful
 # ones (the fused observer, which updates its buffers: test_fused_observer below).
 FAMILIES = {variant.name: (entry, variant) for entry, variant in op_table.variants(
@@ -284,6 +303,27 @@ def test_blockwise_several_grid_steps(block_size):
     for last, n in ((block_size, rows if block_size < 1024 else 20), (block_size * 2 + 3, rows)):
         x = data(n * last, torch.float32).reshape(n, last)
         blockwise(x, block_size, "int8")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [4, 8, 16, 32, 128, 256])
+def test_blockwise_vectors(block_size, dtype):
+    # Whole blocks in 16-byte aligned memory: one 16-byte vector a lane (blockwise_vector_kernel,
+    # block sizes that are a power-of-two number of vectors up to a warp's), over about 2.5 grid
+    # steps of the capped grid and a last tile that is not whole; then the same blocks at an odd
+    # offset (the scalar kernel). Blocks of zeros (degenerate), of subnormals and below the
+    # tiny-amax epsilon, of +-inf and NaN (data's), of a single sign.
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    rows = (5 * 128 * 32 * vec // 2) // block_size + 1
+    for offset in (0, 1):
+        x = data(rows * block_size, dtype, offset=offset).reshape(rows, block_size)
+        x[1] = 0.0
+        x[2] = torch.linspace(-1e-40, 1e-40, block_size, dtype=torch.float64).to(dtype)
+        x[3] = torch.linspace(-3e-8, 2e-8, block_size, dtype=torch.float64).to(dtype)
+        x[4] = x[4].abs()
+        for element in ("int8", "uint4", "fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp4_e2m1", "nvfp4",
+                        "mxfp8", "mxfp6", "mxfp4", "mxint8"):
+            blockwise(x, block_size, element)
 
 
 def test_blockwise_long_row():

@@ -3,7 +3,10 @@
 // rule are contract.h's; memory is walked as rows of R elements
 // (BlockGeometry), blocks tiling it without gaps.
 //
-// Blocks shorter than kLongBlock: a group of G lanes (a power of two, up to a
+// Whole blocks of 2 to 32 16-byte vectors tiling aligned memory (NVFP4's 16 elements, the MX
+// formats' 32, int blocks of 8 to 256: the uniform geometry, not centered):
+// blockwise_vector_kernel, one or more vectors a lane, the scale made once a block (below).
+// Other blocks shorter than kLongBlock: a group of G lanes (a power of two, up to a
 // warp) handles one block: each lane loads up to K of the block's elements
 // (coalesced across the group) and keeps them in registers, the group's max of
 // |x| comes from shuffles, every lane derives the scale itself, then quantizes
@@ -32,6 +35,7 @@ struct LaunchGeometry : BlockGeometry {
   int64_t total_blocks;
   int64_t mask_bytes;   // ceil(n / 8)
   int group_size;       // G: lanes per block, a power of two <= 32 (short blocks)
+  int group_shift;      // log2(G) (blockwise_vector_kernel: vectors a block)
   int iterations;       // ceil(block_size / G): the group's steps through a block
   bool aligned_words;   // every mask word has one writer, which stores it whole
   BlockScaleRule scale;
@@ -99,14 +103,19 @@ __device__ __forceinline__ float global_scale(const LaunchGeometry& geo, const P
 
 // The bits of elements [32 w, 32 w + 32), stored by the word's only writer;
 // the mask's last word byte by byte, so that nothing past the mask is written.
+__device__ __noinline__ void store_mask_tail(uint32_t* __restrict__ words, int64_t mask_bytes, int64_t w,
+                                             uint32_t bits) {
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(words + w);
+  for (int64_t b = 0; w * 4 + b < mask_bytes; ++b) bytes[b] = static_cast<uint8_t>(bits >> (8 * b));
+}
+
 __device__ __forceinline__ void store_mask_word(uint32_t* __restrict__ words, int64_t mask_bytes,
                                                 int64_t w, uint32_t bits) {
   if ((w + 1) * 4 <= mask_bytes) {
     words[w] = bits;
-    return;
+  } else {
+    store_mask_tail(words, mask_bytes, w, bits);
   }
-  uint8_t* bytes = reinterpret_cast<uint8_t*>(words + w);
-  for (int64_t b = 0; w * 4 + b < mask_bytes; ++b) bytes[b] = static_cast<uint8_t>(bits >> (8 * b));
 }
 
 // Bit k of `bits` is the mask bit of element pos + k: or-ed into zeroed
@@ -189,6 +198,175 @@ __global__ void __launch_bounds__(kThreads)
         const unsigned width_mask = G == kWarpSize ? 0xffffffffu : ((1u << G) - 1u);
         or_mask_bits(mask_words, start + offset, (ballot >> (group * G)) & width_mask);
       }
+    }
+  }
+}
+
+// --- whole blocks of 16-byte vectors --------------------------------------------------------
+// Blocks of B = G * V elements (V = kVec<scalar_t>, G a power of two, K <= G <= 32) tiling
+// 16-byte aligned input and output (the uniform geometry), not centered. A warp's trip is K
+// loads of 32 consecutive vectors (load k of lane l: vector 32 k + l of the trip), each load
+// 32 / G whole blocks, the trip 32 K / G <= 32 of them:
+//  1. each lane loads its K vectors; the G lanes holding a block take its max by log2(G)
+//     shuffles;
+//  2. lane b < 32 K / G takes block b of the trip: its amax (one shuffle a load), its scale and
+//     the scale's reciprocal (Divisor, contract.h), made once a block rather than once a lane;
+//  3. each lane fetches its blocks' scale and reciprocal (two shuffles a load) and quantizes its
+//     vectors from registers, x / s as quotient_of (E8M0 scales: e8m0_quotient, exact), where
+//     every block of the trip is neither degenerate nor outside the divisor's fast range (one
+//     warp-wide vote); otherwise through block_vectors_slow, with div_rn;
+//  4. stores its vectors, and gathers each load's mask bits by shuffles into the 32-bit words that
+//     a lane of each 32 / V stores (a load covers 32 V elements from a multiple of 32 V).
+// A trip past the end (n, a multiple of B, need not be one of 32 K V) leaves whole blocks of
+// lanes without vectors: they load, store and mark nothing, and their blocks do not vote.
+template <typename scalar_t, Format F, BlockScale S, int K>
+__device__ __noinline__ void vector_trip_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                              uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                              const LaunchGeometry& geo, const BlockRule<float>& rule, float g);
+
+// One trip of the warp from element `base`: kFull, all 32 K V elements in the tensor (every
+// lane holds K vectors, every mask word is whole); else the trip past the end, out of line.
+// kSlow: x / s by div_rn and degenerate blocks (vector_trip_slow, out of line), which the fast
+// trip hands a trip to when one of its blocks needs it.
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, bool kSlow = false>
+__device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                            uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                            const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
+  constexpr int V = kVec<scalar_t>;
+  constexpr int kLanesPerWord = 32 / V;
+  constexpr int64_t kLoad = int64_t{kWarpSize} * V;  // elements a load of the warp covers
+  const int G = geo.group_size;
+  const int shift = geo.group_shift;       // G = 2^shift
+  const int per_load = kWarpSize >> shift;  // blocks a load covers
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t first = base + static_cast<int64_t>(lane) * V;
+  // The loads this lane holds: all K but in the trip past the end.
+  const int loads = kFull ? K : static_cast<int>(min(int64_t{K}, (n - first + kLoad - 1) / kLoad));
+
+  Pack<scalar_t, V> in[K];
+  uint32_t amax[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    amax[k] = 0;
+    if (kFull || k < loads) {
+      in[k] = *reinterpret_cast<const Pack<scalar_t, V>*>(x + first + k * kLoad);
+#pragma unroll
+      for (int j = 0; j < V; ++j) amax[k] = max(amax[k], abs_bits(static_cast<float>(in[k].v[j])));
+    }
+  }
+  for (int lanes = 1; lanes < G; lanes *= 2) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) amax[k] = max(amax[k], __shfl_xor_sync(kFullWarp, amax[k], lanes));
+  }
+  // Block `lane` of the trip: load lane / per_load, lanes from (lane % per_load) * G.
+  uint32_t block_amax = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const uint32_t a = __shfl_sync(kFullWarp, amax[k], (lane & (per_load - 1)) << shift);
+    if ((lane >> (5 - shift)) == k) block_amax = a;
+  }
+  const float a = __uint_as_float(block_amax);
+  const float s = blockwise_scale<S>(a, geo.scale, g);
+  float reciprocal;
+  if constexpr (S == BlockScale::kE8M0) {
+    reciprocal = e8m0_inverse(s);  // the product is exact, and E8M0 blocks are never degenerate
+  } else if constexpr (!kSlow) {
+    const Divisor d = make_divisor(s);
+    reciprocal = d.y;
+    const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
+    if (__any_sync(kFullWarp, in_trip & (blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a)))) {
+      vector_trip_slow<scalar_t, F, S, K>(x, y, mask_words, n, base, geo, rule, g);
+      return;
+    }
+  } else {
+    reciprocal = 1.0f;
+  }
+
+  float sk[K], yk[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int owner = k * per_load + (lane >> shift);  // the lane that took this load's block
+    sk[k] = __shfl_sync(kFullWarp, s, owner);
+    yk[k] = __shfl_sync(kFullWarp, reciprocal, owner);
+  }
+  Pack<scalar_t, V> out[K];
+  unsigned bits[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    bits[k] = 0;
+    // (kSlow: this lane's blocks, from its group's amax)
+    const ScaleOf<float> b{sk[k], kSlow && blockwise_degenerate(__uint_as_float(amax[k]), sk[k], g, S), false, 0.0f};
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      unsigned bit;
+      const float xv = static_cast<float>(in[k].v[j]);
+      float v;
+      if constexpr (kSlow) {
+        v = block_element<F>(xv, b, rule, bit);
+      } else {
+        const float xs = S == BlockScale::kE8M0 ? e8m0_quotient(xv, yk[k]) : quotient_of(xv, Divisor{sk[k], yk[k], true});
+        v = blockwise_value_of_quotient<F>(xs, sk[k], rule, bit);
+      }
+      out[k].v[j] = static_cast<scalar_t>(v);
+      bits[k] |= bit << j;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (kFull || k < loads) *reinterpret_cast<Pack<scalar_t, V>*>(y + first + k * kLoad) = out[k];
+  }
+  // Each load's bits (none where the lane holds no vector): the first lane of each 32 / V
+  // gathers theirs into the word it stores.
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!kFull && k >= loads) bits[k] = 0;
+#pragma unroll
+    for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits[k] |= __shfl_down_sync(kFullWarp, bits[k], s2) << (V * s2);
+    const int64_t w = (first + k * kLoad) / 32;
+    if (lane % kLanesPerWord == 0) {
+      if (kFull) {
+        mask_words[w] = bits[k];
+      } else if (k < loads) {
+        store_mask_word(mask_words, geo.mask_bytes, w, bits[k]);
+      }
+    }
+  }
+}
+
+template <typename scalar_t, Format F, BlockScale S, int K>
+__device__ __noinline__ void vector_trip_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                              uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                              const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
+  if (base + int64_t{kWarpSize} * K * kVec<scalar_t> <= n) {
+    vector_trip<scalar_t, F, S, K, true, true>(x, y, mask_words, n, base, geo, rule, g);
+  } else {
+    vector_trip<scalar_t, F, S, K, false, true>(x, y, mask_words, n, base, geo, rule, g);
+  }
+}
+
+template <typename scalar_t, Format F, BlockScale S, int K>
+__device__ __noinline__ void vector_trip_past_end(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                  uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                                  const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
+  vector_trip<scalar_t, F, S, K, false>(x, y, mask_words, n, base, geo, rule, g);
+}
+
+template <typename scalar_t, Format F, BlockScale S, int K>
+__global__ void __launch_bounds__(kThreads)
+    blockwise_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                            uint32_t* __restrict__ mask_words, int64_t n, const LaunchGeometry geo,
+                            const BlockRule<float> rule, const ParamPtr scale_amax) {
+  constexpr int64_t kTrip = int64_t{kWarpSize} * K * kVec<scalar_t>;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
+  const int64_t trips = (n + kTrip - 1) / kTrip;
+  const float g = S == BlockScale::kE4M3 ? global_scale(geo, scale_amax) : 1.0f;
+  for (int64_t t = warp; t < trips; t += nwarps) {  // the same for the whole warp
+    const int64_t base = t * kTrip;
+    if (base + kTrip <= n) {
+      vector_trip<scalar_t, F, S, K, true>(x, y, mask_words, n, base, geo, rule, g);
+    } else {
+      vector_trip_past_end<scalar_t, F, S, K>(x, y, mask_words, n, base, geo, rule, g);
     }
   }
 }
@@ -295,6 +473,41 @@ void blockwise_cuda(const BlockwiseJob& job) {
                                 static_cast<C>(job.rule.float_limit)};
         const scalar_t* xp = job.x.const_data_ptr<scalar_t>();
         scalar_t* yp = job.y.mutable_data_ptr<scalar_t>();
+        if constexpr (!std::is_same_v<scalar_t, double>) {
+          constexpr int V = kVec<scalar_t>;
+          const int64_t lanes = geo.block_size / V;  // vectors a block
+          if (uniform && !geo.centered && geo.block_size % V == 0 && lanes >= 2 && lanes <= kWarpSize &&
+              (lanes & (lanes - 1)) == 0 && aligned16(xp) && aligned16(yp) &&
+              (geo.scale.kind != BlockScale::kE4M3 || job.format == Format::kE2M1)) {
+            // Whole words straight into the mask: a load covers 32 V elements from a multiple of them.
+            geo.group_size = static_cast<int>(lanes);
+            while ((1 << geo.group_shift) < geo.group_size) ++geo.group_shift;
+            auto* mask_words = static_cast<uint32_t*>(job.mask.mutable_data_ptr());
+            TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(mask_words) % alignof(uint32_t) == 0);
+            const int K = static_cast<int>(std::min<int64_t>(lanes, 8));
+            const unsigned vector_blocks = grid_for((n + kWarpSize * K * V - 1) / (kWarpSize * K * V), job.x.get_device());
+            auto launch = [&](auto kernel) {
+              launch_kernel(kernel, vector_blocks, stream, xp, yp, mask_words, n, geo, rule, job.scale_amax);
+            };
+            with_blockwise_format(job.format, [&](auto format_tag) {
+              constexpr Format F = decltype(format_tag)::value;
+              auto with_k = [&](auto scale_tag) {
+                constexpr BlockScale S = decltype(scale_tag)::value;
+                if (K == 2) launch(&blockwise_vector_kernel<scalar_t, F, S, 2>);
+                else if (K == 4) launch(&blockwise_vector_kernel<scalar_t, F, S, 4>);
+                else launch(&blockwise_vector_kernel<scalar_t, F, S, 8>);
+              };
+              if (geo.scale.kind == BlockScale::kE8M0) {
+                with_k(std::integral_constant<BlockScale, BlockScale::kE8M0>{});
+              } else if (geo.scale.kind == BlockScale::kFloat32) {
+                with_k(std::integral_constant<BlockScale, BlockScale::kFloat32>{});
+              } else if constexpr (F == Format::kE2M1) {
+                with_k(std::integral_constant<BlockScale, BlockScale::kE4M3>{});
+              }
+            });
+            return;
+          }
+        }
         with_blockwise_format(job.format, [&](auto format_tag) {
           constexpr Format F = decltype(format_tag)::value;
           auto* kernel = long_blocks            ? &blockwise_long_kernel<scalar_t, F>

@@ -85,12 +85,15 @@ struct UniformParams {
   Family family;
 };
 
+// With float compute it also holds the scale's Divisor (contract.h), so that a vector whose
+// elements are all in its fast range divides by two multiplies and four FMAs an element.
 template <typename C>
 struct UniformLookup {
   Consts<C> c;
+  Divisor d;
   template <typename Family>
   __device__ explicit UniformLookup(const UniformParams<C, Family>& p)
-      : c(p.family.template make<C>(0)) {}
+      : c(p.family.template make<C>(0)), d(make_divisor(static_cast<float>(c.scale))) {}
   __device__ __forceinline__ void seek(int64_t) {}
   __device__ __forceinline__ const Consts<C>& get(int) { return c; }
 };
@@ -185,6 +188,31 @@ __device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {
   *reinterpret_cast<typename MaskBytes<V>::type*>(dst) = m.word;
 }
 
+// V elements with one set of constants, each x / s by div_rn: the vectors of quantize_lane
+// that the fast division does not take (an element beyond 2^60 or NaN, an invalid or extreme
+// scale), out of line; it loads and stores the vector itself and returns its mask bits, so
+// that the fast path keeps everything in registers.
+template <int V, Format F, Output O, Window W, typename scalar_t, typename C>
+__device__ __noinline__ unsigned quantize_vector_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                      const Consts<C> c) {
+  const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x);
+  Pack<scalar_t, V> out;
+  unsigned bits = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    unsigned m;
+    out.v[k] = static_cast<scalar_t>(quantize_value<F, O, W>(static_cast<C>(in.v[k]), c, m));
+    bits |= m << k;
+  }
+  *reinterpret_cast<Pack<scalar_t, V>*>(y) = out;
+  return bits;
+}
+
+template <typename Lookup>
+constexpr bool kFastDivision = false;
+template <>
+constexpr bool kFastDivision<UniformLookup<float>> = true;
+
 // One lane's part of a warp tile: elements e0 .. e0 + V - 1. With V > 1 they
 // are all in range and 16-byte aligned; with V == 1, e0 may be past the end.
 // Every lane of the warp calls it together (the mask shuffles).
@@ -199,14 +227,36 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
     const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
     Pack<scalar_t, V> out;
     lookup.seek(e0);
+    if constexpr (kFastDivision<Lookup> && V > 1) {
+      // one set of constants: x / s as quotient_of where the scale and every element allow it
+      const Consts<C>& c = lookup.get(0);
+      bool fast = lookup.d.fast;
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      unsigned m;
-      const C v = quantize_value<F, O, W>(static_cast<C>(in.v[k]), lookup.get(k), m);
-      out.v[k] = static_cast<scalar_t>(v);
-      bits |= m << k;
+      for (int k = 0; k < V; ++k) fast &= fast_dividend(static_cast<float>(in.v[k]));
+      if (fast) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          unsigned m;
+          const float xv = static_cast<float>(in.v[k]);
+          const C v = quantize_value_of_quotient<F, O, W>(xv, quotient_of(xv, lookup.d), c.scale, c.lo, c.hi,
+                                                          c.zero_point, c.window_lo, c.window_hi, m);
+          out.v[k] = static_cast<scalar_t>(v);
+          bits |= m << k;
+        }
+        *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
+      } else {
+        bits = quantize_vector_slow<V, F, O, W>(x + e0, y + e0, c);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        unsigned m;
+        const C v = quantize_value<F, O, W>(static_cast<C>(in.v[k]), lookup.get(k), m);
+        out.v[k] = static_cast<scalar_t>(v);
+        bits |= m << k;
+      }
+      *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
     }
-    *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
     if constexpr (M == MaskOut::kBool) store_bool_mask<V>(mask + e0, bits);
   }
   if constexpr (M == MaskOut::kPacked) {

@@ -85,6 +85,8 @@ __device__ __forceinline__ float to_float_rn(float v) { return v; }
 __device__ __forceinline__ float to_float_rn(double v) { return __double2float_rn(v); }
 __device__ __forceinline__ float abs_value(float v) { return fabsf(v); }
 __device__ __forceinline__ double abs_value(double v) { return fabs(v); }
+__device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ float copy_sign(float magnitude, float sign) { return copysignf(magnitude, sign); }
 #else
 template <typename C>
 inline C div_rn(C a, C b) { return a / b; }
@@ -102,6 +104,8 @@ inline float to_float_rn(float v) { return v; }
 inline float to_float_rn(double v) { return static_cast<float>(v); }
 template <typename C>
 inline C abs_value(C v) { return std::abs(v); }
+inline float fma_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float copy_sign(float magnitude, float sign) { return std::copysign(magnitude, sign); }
 #endif
 
 template <typename C>
@@ -147,6 +151,50 @@ C10_HOST_DEVICE inline float round_to_format(float v, FloatFormat f) {
   const float step = bits_to_float(static_cast<uint32_t>(quantum));
   const float inverse = bits_to_float(static_cast<uint32_t>((254 << 23) - quantum));
   return mul_rn(round_half_even(mul_rn(v, inverse)), step);
+}
+
+// --- one divisor, many dividends -----------------------------------------------------------
+// The CUDA kernels divide many x by one s (a tensor's, a channel's or a block's scale). A
+// correctly rounded division (div_rn) costs about ten instructions an element on a GPU: a
+// reciprocal refined on every call, a range check, three FMAs and a branch around its slow
+// path. With s's correctly rounded reciprocal y = 1 / s made once, quotient_of costs five:
+//
+//   q0 = x * y,   q1 = q0 - (q0 * s - x) * y,   q = q1 - (q1 * s - x) * y
+//
+// (each FMA rounded once). q0 is within 1.5 ulps of x / s; the first step leaves an error of
+// about 2^-22 ulp before q1's own rounding, so q1 is within one ulp (faithful); then the
+// residual q1 * s - x is exact and q = RN(x / s) by Markstein's theorem (y correctly rounded,
+// q1 faithful; P. Markstein, IBM Journal of Research and Development 34(1), 1990), wherever
+// x / s is a normal float and |x| >= 2^-100. In the rest of the divisor's range (below) the
+// quotient is tiny: subnormal, or |x| < 2^-100 with s >= 2^-60. There q may differ from
+// RN(x / s) by the rounding of subnormal intermediates (times y <= 2^60), but both are below
+// 2^-39 in magnitude and q has the sign of x / s (copy_sign; s > 0). Every rule that consumes
+// a quotient maps such values alike: rint and each float format round them to a zero of that
+// sign, a clamp to a range holding zero keeps them (an integer grid then adds +0), and they
+// are inside every mask bound (the integer ranges hold 0, the formats' limits are >= 7).
+// Hence the element rules give the same bits with quotient_of as with div_rn (the LSQ
+// gradient, which uses x / s itself, keeps div_rn). The fast range: 2^-60 <= s <= 2^60
+// (Divisor::fast, decided once) and |x| <= 2^60, NaN excluded (fast_dividend: per element,
+// or per block from its amax); elsewhere the kernels call div_rn. tests/test_divisor.py
+// checks the claim over millions of quotients, every x of some divisors in `make slow`.
+struct Divisor {
+  float s, y;  // y = RN(1 / s) where fast
+  bool fast;
+};
+
+C10_HOST_DEVICE inline Divisor make_divisor(float s) {
+  const bool fast = (s >= 0x1p-60f) & (s <= 0x1p60f);  // NaN: not fast
+  return Divisor{s, fast ? div_rn(1.0f, s) : 1.0f, fast};
+}
+
+C10_HOST_DEVICE inline bool fast_dividend(float x) { return abs_value(x) <= 0x1p60f; }  // NaN: false
+
+// x / s for a fast divisor and dividend, as the element rules see it (above).
+C10_HOST_DEVICE inline float quotient_of(float x, const Divisor& d) {
+  const float q0 = mul_rn(x, d.y);
+  const float q1 = fma_rn(-fma_rn(q0, d.s, -x), d.y, q0);
+  const float q = fma_rn(-fma_rn(q1, d.s, -x), d.y, q1);
+  return copy_sign(q, x);
 }
 
 // --- validity of parameter values ----------------------------------------------------------
@@ -329,25 +377,32 @@ struct AmaxFamily {
 // One element x (in the compute type) with its parameter's constants: returns
 // y and sets m to the mask bit (0 or 1). The constants come one by one so that
 // the CPU loops can keep them in separate arrays (vectorised loads).
+// From the quotient xs = x / s (correctly rounded, or contract's quotient_of), for kernels
+// that form it in their own way.
 template <Format F, Output O, Window W, typename C, typename M>
-C10_HOST_DEVICE inline C quantize_value(C xv, C s, C lo, C hi, C zp, C wlo, C whi, M& m) {
+C10_HOST_DEVICE inline C quantize_value_of_quotient(C xv, C xs, C s, C lo, C hi, C zp, C wlo, C whi, M& m) {
   if constexpr (F != Format::kInt) {
     static_assert(W == Window::kInput, "the FP8/FP6 mask is the input window |x| <= amax");
     static_assert(O == Output::kFake, "a float format has no integer output");
     constexpr FloatFormat format = float_format_of<F>();
-    const C c = clamp_nan(div_rn(xv, s), lo, hi);
+    const C c = clamp_nan(xs, lo, hi);
     m = static_cast<M>((xv >= wlo) & (xv <= whi));
     // float64 goes through float32 first, as torch's double -> float8 cast does;
     // a zero keeps its sign (see the top of this file).
     return mul_rn(static_cast<C>(round_to_format(to_float_rn(c), format)), s);
   } else {
-    const C r = round_half_even(div_rn(xv, s));
+    const C r = round_half_even(xs);
     const C q = clamp_nan(r, lo, hi);
     m = W == Window::kQuantRange ? static_cast<M>((r >= lo) & (r <= hi))
                                  : static_cast<M>((xv >= wlo) & (xv <= whi));
     // + 0.0: q = -0.0 (x in (-s/2, 0)) dequantizes to +0.0, as in ONNX Runtime.
     return O == Output::kFake ? mul_rn(add_rn(q, C(0)), s) : add_rn(q, zp);
   }
+}
+
+template <Format F, Output O, Window W, typename C, typename M>
+C10_HOST_DEVICE inline C quantize_value(C xv, C s, C lo, C hi, C zp, C wlo, C whi, M& m) {
+  return quantize_value_of_quotient<F, O, W>(xv, div_rn(xv, s), s, lo, hi, zp, wlo, whi, m);
 }
 
 template <Format F, Output O, Window W, typename C, typename M>
@@ -514,9 +569,10 @@ C10_HOST_DEVICE inline C degenerate_value(C xv, M& m) {
 // An element of a block with scale s. The mask marks elements rounding did not
 // saturate: rint(x / s) within [quant_min, quant_max], or |x / s| within the
 // format's limit. Integers give +0.0 for q = -0.0; float elements keep the sign.
+// From the quotient xs = x / s (correctly rounded), for kernels that form it in
+// their own way (e8m0_quotient).
 template <Format F, typename C, typename M>
-C10_HOST_DEVICE inline C blockwise_value(C xv, C s, const BlockRule<C>& rule, M& m) {
-  const C xs = div_rn(xv, s);
+C10_HOST_DEVICE inline C blockwise_value_of_quotient(C xs, C s, const BlockRule<C>& rule, M& m) {
   if constexpr (F == Format::kInt) {
     const C r = round_half_even(xs);
     m = static_cast<M>((r >= rule.quant_min) & (r <= rule.quant_max));
@@ -526,6 +582,19 @@ C10_HOST_DEVICE inline C blockwise_value(C xv, C s, const BlockRule<C>& rule, M&
     return mul_rn(static_cast<C>(round_to_format(to_float_rn(xs), float_format_of<F>())), s);
   }
 }
+
+template <Format F, typename C, typename M>
+C10_HOST_DEVICE inline C blockwise_value(C xv, C s, const BlockRule<C>& rule, M& m) {
+  return blockwise_value_of_quotient<F>(div_rn(xv, s), s, rule, m);
+}
+
+// x / s for an E8M0 scale s (a power of two, 2^-127 to 2^127, or NaN) as the product
+// x * inverse, inverse = 1 / s (exact: 2^127 to 2^-127, or NaN): both are the exact value
+// x * 2^-k rounded once, so they are the same float (an underflow to a subnormal or to
+// zero, an overflow, a signed zero and NaN included), at the cost of one multiply.
+C10_HOST_DEVICE inline float e8m0_inverse(float s) { return div_rn(1.0f, s); }
+template <typename C>
+C10_HOST_DEVICE inline C e8m0_quotient(C xv, C inverse) { return mul_rn(xv, inverse); }
 
 // --- LSQ ------------------------------------------------------------------------------------------
 

@@ -1,0 +1,136 @@
+// Checks contract.h's quotient_of against the correctly rounded division: for every
+// divisor s and dividend x in its fast range, the quotient equals RN(x / s) bit for bit,
+// or both are below 2^-39 in magnitude with the same sign; and the element rules (the
+// integer grid's rint, clamp and mask; each float format's rounding and mask) give the
+// same bits from either. Built and run by tests/test_divisor.py:
+//
+//   divisor_check sampled COUNT SEED   COUNT random dividends for each of many divisors
+//   divisor_check every S...           every float32 bit pattern as the dividend of each S
+//
+// Prints "checked N quotients" and exits 0, or prints the first counterexample and exits 1.
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "fakequant/contract.h"
+
+using namespace fakequant;
+
+namespace {
+
+uint32_t bits_of(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b;
+}
+float float_of(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+bool same_bits(float a, float b) { return bits_of(a) == bits_of(b) || (a != a && b != b); }
+
+int failures = 0;
+
+void fail(const char* what, float x, float s, float got, float want) {
+  if (failures++ == 0) {
+    std::printf("%s: x = %a, s = %a: %a (0x%08" PRIx32 "), correctly rounded: %a (0x%08" PRIx32 ")\n", what,
+                static_cast<double>(x), static_cast<double>(s), static_cast<double>(got), bits_of(got),
+                static_cast<double>(want), bits_of(want));
+  }
+}
+
+template <Format F>
+void check_format(float q, float r, float s, float x) {
+  const BlockRule<float> rule{-127.0f, 127.0f, saturation_limit(float_format_of<F>())};
+  unsigned ma = 0, mb = 0;
+  const float a = blockwise_value_of_quotient<F>(q, s, rule, ma);
+  const float b = blockwise_value_of_quotient<F>(r, s, rule, mb);
+  if (!same_bits(a, b) || ma != mb) fail("element", x, s, a, b);
+}
+
+// One dividend: the quotient's claim, then the element rules.
+inline void check(float x, const Divisor& d) {
+  if (!(d.fast && fast_dividend(x))) return;
+  const float q = quotient_of(x, d);
+  const float r = x / d.s;
+  const bool tiny = std::fabs(q) < 0x1p-39f && std::fabs(r) < 0x1p-39f && std::signbit(q) == std::signbit(r);
+  if (!(same_bits(q, r) || tiny)) fail("quotient", x, d.s, q, r);
+  if (same_bits(q, r)) return;  // the element rules see the same value
+  const BlockRule<float> ints{-128.0f, 127.0f, 0.0f};
+  unsigned ma = 0, mb = 0;
+  const float a = blockwise_value_of_quotient<Format::kInt>(q, d.s, ints, ma);
+  const float b = blockwise_value_of_quotient<Format::kInt>(r, d.s, ints, mb);
+  if (!same_bits(a, b) || ma != mb) fail("integer element", x, d.s, a, b);
+  check_format<Format::kE2M1>(q, r, d.s, x);
+  check_format<Format::kE3M2>(q, r, d.s, x);
+  check_format<Format::kE2M3>(q, r, d.s, x);
+  check_format<Format::kE4M3>(q, r, d.s, x);
+  check_format<Format::kE5M2>(q, r, d.s, x);
+}
+
+// Divisors: the ends of the fast range, powers of two, the scales of the formats' grids
+// (amax / bound for round amaxes), E4M3 block scales times per-tensor scales (NVFP4), and
+// log-uniform random ones.
+std::vector<float> divisors(std::mt19937_64& rng) {
+  std::vector<float> out = {0x1p-60f, 0x1p60f, 1.0f, 0x1p-20f, 0x1p20f, 1.0f / 3.0f, 6.0f, 127.0f, 448.0f,
+                            1.0f / 127.0f, 0.1f, 3.0f / 7.0f, std::nextafter(1.0f, 2.0f), std::nextafter(2.0f, 0.0f)};
+  for (int e = -9; e <= 8; ++e) {
+    for (int m = 0; m < 8; ++m) {
+      const float e4m3 = std::ldexp(1.0f + m / 8.0f, e);
+      out.push_back(e4m3 * (0.731f / (6.0f * 448.0f)));
+    }
+  }
+  std::uniform_real_distribution<double> exponent(-60.0, 60.0);
+  for (int i = 0; i < 100; ++i) out.push_back(static_cast<float>(std::exp2(exponent(rng))));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  uint64_t checked = 0;
+  if (std::strcmp(argv[1], "sampled") == 0 && argc == 4) {
+    const uint64_t count = std::strtoull(argv[2], nullptr, 10);
+    std::mt19937_64 rng(std::strtoull(argv[3], nullptr, 10));
+    for (const float s : divisors(rng)) {
+      const Divisor d = make_divisor(s);
+      // random bit patterns (every exponent), then dividends near the grid's
+      // rounding boundaries: (k + 1/2) * s and (k + 1/4) * s, a few ulps either side
+      for (uint64_t i = 0; i < count; ++i) check(float_of(static_cast<uint32_t>(rng())), d);
+      for (int k = -600; k <= 600; ++k) {
+        for (const float frac : {0.5f, 0.25f, 0.75f, 0.0f}) {
+          const float x = (static_cast<float>(k) + frac) * s;
+          float lo = x, hi = x;
+          for (int u = 0; u < 4; ++u) {
+            check(lo, d);
+            check(hi, d);
+            lo = std::nextafter(lo, -INFINITY);
+            hi = std::nextafter(hi, INFINITY);
+          }
+        }
+      }
+      checked += count + 1201 * 4 * 8;
+      if (failures) break;
+    }
+  } else if (std::strcmp(argv[1], "every") == 0) {
+    for (int i = 2; i < argc; ++i) {
+      const Divisor d = make_divisor(std::strtof(argv[i], nullptr));
+      for (uint64_t b = 0; b <= 0xffffffffull && !failures; ++b) check(float_of(static_cast<uint32_t>(b)), d);
+      checked += uint64_t{1} << 32;
+    }
+  } else {
+    return 2;
+  }
+  if (failures) {
+    std::printf("%d failures\n", failures);
+    return 1;
+  }
+  std::printf("checked %" PRIu64 " quotients\n", checked);
+  return 0;
+}

@@ -1,0 +1,46 @@
+"""contract.h's quotient_of, the division of the CUDA kernels by a scale whose reciprocal
+they make once, against the correctly rounded division (tests/divisor_check.cpp, built with
+the host compiler: the FMAs and roundings are IEEE's on both): the same quotient, or both tiny
+with the same sign, and the same bits from every element rule."""
+import os
+import shutil
+import subprocess
+
+import pytest
+from torch.utils import cpp_extension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@pytest.fixture(scope="module")
+def divisor_check(tmp_path_factory):
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    exe = str(tmp_path_factory.mktemp("divisor") / "divisor_check")
+    includes = [f"-I{p}" for p in [os.path.join(ROOT, "csrc", "include"), *cpp_extension.include_paths()]]
+    # -ffp-contract=off: every operation rounded once, as in the library (setup.py)
+    subprocess.run([compiler, "-std=c++20", "-O2", "-ffp-contract=off", *includes, "-o", exe,
+                    os.path.join(HERE, "divisor_check.cpp")], check=True)
+    return exe
+
+
+def run(exe, *args):
+    out = subprocess.run([exe, *map(str, args)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("checked "), out.stdout
+    return int(out.stdout.split()[1])
+
+
+def test_quotient_of_sampled(divisor_check):
+    # 258 divisors, 200,000 random dividends each and 38,432 near the grids' rounding
+    # boundaries: 61.5 million quotients in a few seconds.
+    assert run(divisor_check, "sampled", 200000, 20261127) == 258 * (200000 + 1201 * 4 * 8)
+
+
+@pytest.mark.slow  # 2^32 dividends a divisor: about half a minute each
+def test_quotient_of_every_dividend(divisor_check):
+    # 0.3 (no short binary expansion), an NVFP4 block scale (E4M3's 1.375 * 2^-3 times the
+    # per-tensor scale of an amax of 0.731: 0.731 / (6 * 448)) and the largest fast divisor
+    assert run(divisor_check, "every", "0.3", repr(0.171875 * 0.731 / 2688), "0x1p60") == 3 * 2**32
