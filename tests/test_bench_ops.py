@@ -162,3 +162,42 @@ def test_the_cuda_defaults_cover_the_bandwidth_and_the_small_sizes(bench_ops):
     groups = bench_ops.groups(sizes, [torch.float32, torch.bfloat16])
     assert groups[:2] == [(1 << 28, torch.float32), (1 << 28, torch.bfloat16)]
     assert bench_ops.CUDA_DTYPES == "float32,bfloat16"
+
+
+class _Dispatched:
+    """The operators a call dispatches (each a kernel launch on a GPU)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = self.ops = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def test_the_gpu_checks_bandwidth_calls_run_the_op_alone():
+    """python -m fakequant gpu-check's table: the parameters are made before the timed call (the
+    first GPU run's affine call made its scale and zero point in it: three kernels, not one), and
+    forward+backward is the op and its backward, with no addition into .grad."""
+    from fakequant import _gpu_check
+
+    x = torch.randn(1 << 12)
+    params, grad = _gpu_check.bandwidth_params(x), torch.randn(1 << 12)
+    for name in _gpu_check.BANDWIDTH_OPS:
+        forward, forward_backward = _gpu_check.bandwidth_calls(name, x, params, grad)
+        with _Dispatched() as fwd:
+            forward()
+        with _Dispatched() as both:
+            forward_backward()
+        assert len(fwd.ops) == 1 and "quantize" in fwd.ops[0], (name, fwd.ops)
+        assert both.ops[0] == fwd.ops[0] and len(both.ops) == 2, (name, both.ops)  # the op, its backward
