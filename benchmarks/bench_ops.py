@@ -259,12 +259,49 @@ def host_syncs(fn, device):
     return "none"
 
 
+# CUDA runtime calls of one call, by kind: what a profiler's runtime events are named contains
+# the key (cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernel; cudaMemcpyAsync;
+# cudaMemsetAsync; cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize;
+# cudaMalloc, cudaMallocAsync: the caching allocator asking the driver for memory).
+RUNTIME_CALLS = (("launches", "LaunchKernel"), ("copies", "Memcpy"), ("memsets", "Memset"),
+                 ("syncs", "Synchronize"), ("mallocs", "Malloc"))
+
+
+def count_runtime_calls(names):
+    """{kind: count} of CUDA runtime calls among profiler event names (RUNTIME_CALLS)."""
+    counts = {kind: 0 for kind, _ in RUNTIME_CALLS}
+    for name in names:
+        for kind, key in RUNTIME_CALLS:
+            if key in name:
+                counts[kind] += 1
+                break
+    return counts
+
+
+def cuda_calls(fn, device):
+    """The CUDA runtime calls one call of ``fn`` makes (torch.profiler, CPU and CUDA activity):
+    kernel launches, copies, memsets, synchronisations and driver allocations. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+    counts = count_runtime_calls(e.name for e in prof.events())
+    # every call here launches a kernel: none seen means the profiler saw no runtime calls
+    # (no CUPTI), not a call without kernels
+    return counts if counts["launches"] else None
+
+
 def run(numel, device, rounds=None, reps=1, dtype=torch.float32, ops=OPS, modes=(FWD, FWD_BWD),
-        min_sample_s=0.002, progress=None):
+        min_sample_s=0.002, progress=None, profile_calls=False):
     """Rows of one size and dtype: every operator and pass, each implementation's
     median time, bandwidth and ratios to clone (the limit) and to fakequant. On CUDA also
     the host's time to issue a call (host_ms) and whether fakequant's call synchronises
-    (syncs). Forward+backward is torch.autograd.grad of the input, nothing accumulated."""
+    (syncs) and, with ``profile_calls``, the CUDA runtime calls of one call of fakequant's and of
+    each peer's (cuda_calls). Forward+backward is torch.autograd.grad of the input, nothing
+    accumulated."""
     torch.manual_seed(0)
     x = torch.randn(numel, device=device).to(dtype)
     grad = torch.randn(numel, device=device).to(dtype)
@@ -284,6 +321,7 @@ def run(numel, device, rounds=None, reps=1, dtype=torch.float32, ops=OPS, modes=
             times = time_interleaved(fns, device, rounds, warmup=warmup,
                                      reps=reps if device.type == "cuda" else 1, min_sample_s=min_sample_s, host=host)
             syncs = host_syncs(fns["fakequant"], device)
+            calls = {impl: cuda_calls(f, device) for impl, f in fns.items()} if profile_calls else {}
             clone_time = times["clone"]
             limit = clone_time * (1 if mode == FWD else 2)
             bytes_moved = 2 * xin.numel() * xin.element_size() * (1 if mode == FWD else 2)
@@ -303,6 +341,7 @@ def run(numel, device, rounds=None, reps=1, dtype=torch.float32, ops=OPS, modes=
                         vs_limit=t / limit,
                         fakequant_speedup=(t / times["fakequant"]),
                         syncs=syncs if impl == "fakequant" else None,
+                        cuda_calls=calls.get(impl),
                         rounds=rounds,
                     )
                 )
@@ -439,6 +478,15 @@ def _fmt_us(ms):
     return f"{us:.2f}" if us < 10 else f"{us:.1f}" if us < 10000 else f"{us:.0f}"
 
 
+def _fmt_calls(ours, torchs):
+    """'1 / 1', with fakequant's other runtime calls ('1 / 1; 2 mallocs'); '' where not profiled."""
+    if not ours:
+        return ""
+    text = f"{ours['launches']}" + (f" / {torchs['launches']}" if torchs else "")
+    others = [f"{ours[k]} {k}" for k, _ in RUNTIME_CALLS if k != "launches" and ours.get(k)]
+    return text + ("; " + ", ".join(others) if others else "")
+
+
 def format_group(rows, numel, dtype, device):
     """One size and dtype, every operator and pass in a row (what bench_ops prints as each
     group completes): times in microseconds; fakequant over the limit (clone, two clones for
@@ -453,10 +501,11 @@ def format_group(rows, numel, dtype, device):
     rounds = sel[0]["rounds"] if sel else ""
     lines = [f"{size_label(numel)} {dtype} elements on {device} ({where}), medians of {rounds} rounds, "
              "microseconds per call; 'x torch pt': fakequant's time over torch.fake_quantize_per_tensor_affine's "
-             "in the same pass; 'host': the host's time to issue one call (CUDA)",
+             "in the same pass; 'host': the host's time to issue one call (CUDA); 'launches': kernel launches "
+             "of one call, fakequant's / torch's, with other CUDA runtime calls (CUDA, where profiled)",
              "| op | pass | limit us | fakequant us | GB/s | x limit | host us | torch us | torch / fq "
-             "| pq-python us | pq / fq | x torch pt | host syncs |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| pq-python us | pq / fq | x torch pt | host syncs | launches |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for op in OPS:
         for mode in (FWD, FWD_BWD):
             c = by.get((op, mode))
@@ -470,6 +519,7 @@ def format_group(rows, numel, dtype, device):
                 cells += ([_fmt_us(c[peer]["ms"]), f"{c[peer]['fakequant_speedup']:.2f}x"] if peer in c else ["", ""])
             cells.append(f"{fq['ms'] / ref['ms']:.2f}" if ref else "")
             cells.append(fq.get("syncs") or "")
+            cells.append(_fmt_calls(fq.get("cuda_calls"), c.get("torch", {}).get("cuda_calls")))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -599,6 +649,7 @@ def main():
         # time): what was measured is printed already
         stream = cuda or args.budget is not None
         todo = groups(sizes, dtypes)
+        profiled = set()
         with progress_bar(len(todo) * len(ops) * len(modes), f"ops {device}", not args.no_progress) as bar:
             for numel, dtype in todo:
                 d = str(dtype).replace("torch.", "")
@@ -608,8 +659,12 @@ def main():
                     left_out.append(dict(device=str(device), numel=numel, dtype=d, reason="out of memory"))
                 else:
                     t0 = time.monotonic()
+                    # the runtime calls of each call, once per dtype, at the first size of 2^20 or less
+                    profile_calls = cuda and numel <= 1 << 20 and d not in profiled
+                    if profile_calls:
+                        profiled.add(d)
                     group = run(numel, device, args.rounds, args.cuda_reps, dtype, ops, modes, min_sample_s,
-                                progress=bar)
+                                progress=bar, profile_calls=profile_calls)
                     device_rows += group
                     if stream:
                         print(f"\n{format_group(group, numel, d, device)}\n({time.monotonic() - t0:.1f} s)", flush=True)

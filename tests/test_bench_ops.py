@@ -62,8 +62,9 @@ def test_the_table_names_every_format_dtype_and_pass(tmp_path, bench_ops):
                 assert {r["impl"] for r in rows} >= {"clone", "fakequant"}, (op, mode, dtype)
                 assert f"| {op} | {mode} |" in stdout
     # every row of fakequant says how it compares with torch's per-tensor op in the same pass
-    line = next(ln for ln in stdout.splitlines() if ln.startswith("| amax per-channel | fwd+bwd |"))
-    assert line.split("|")[-3].strip()  # 'x torch pt'
+    head = next(ln for ln in stdout.splitlines() if ln.startswith("| op | pass |")).split("|")
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("| amax per-channel | fwd+bwd |")).split("|")
+    assert float(line[head.index(" x torch pt ")])
     assert "2 (size, dtype) groups measured" in stdout and result["left_out"] == []
 
 
@@ -201,3 +202,15 @@ def test_the_gpu_checks_bandwidth_calls_run_the_op_alone():
             forward_backward()
         assert len(fwd.ops) == 1 and "quantize" in fwd.ops[0], (name, fwd.ops)
         assert both.ops[0] == fwd.ops[0] and len(both.ops) == 2, (name, both.ops)  # the op, its backward
+
+
+def test_runtime_calls_are_counted_by_kind(bench_ops):
+    names = ["aten::clone", "cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC_v11060", "cudaMemcpyAsync",
+             "cudaStreamSynchronize", "cudaMemsetAsync", "cudaMalloc", "cudaGetDevice"]
+    assert bench_ops.count_runtime_calls(names) == {"launches": 3, "copies": 1, "memsets": 1, "syncs": 1,
+                                                    "mallocs": 1}
+    assert bench_ops._fmt_calls({"launches": 1, "copies": 0, "memsets": 0, "syncs": 0, "mallocs": 0},
+                                {"launches": 1}) == "1 / 1"
+    assert bench_ops._fmt_calls({"launches": 3, "copies": 1, "memsets": 0, "syncs": 0, "mallocs": 0},
+                                None) == "3; 1 copies"
+    assert bench_ops.cuda_calls(lambda: None, torch.device("cpu")) is None  # not measured off CUDA
