@@ -286,25 +286,35 @@ def _log(message):
     print(f"[compiled QAT {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def measure(model_name, configs, rounds, progress=None, deadline=None, steps=1, compile_s=None):
+def measure(model_name, configs, rounds, progress=None, deadline=None, steps=1, compile_s=None,
+            compile_deadline=None):
     """Rows of one model: each configuration built and stepped twice (compiling it), then `rounds`
-    rounds, every configuration in turn, each sample `steps` steps; then its memory and
-    saved bytes (graph breaks are counted while it compiles). Past `deadline` (time.monotonic()), the
-    configurations not built yet are left out and named, the rounds stop (after the first) and the
-    memory figures are left out. The compiled
-    configurations are built first (the target compares them), and one is not started where the
-    longest build of a compiled configuration so far (`compile_s`, a one-element list kept across
-    models) would end past the deadline."""
-    def late(need=0.0):
-        return deadline is not None and time.monotonic() + need > deadline
+    rounds, every configuration in turn, each sample `steps` steps; then its memory and saved bytes
+    (graph breaks are counted while it compiles). Past `deadline` (time.monotonic()), the rounds
+    stop (after the first) and the memory figures are left out. The compiled configurations are
+    built first (the target compares them with each other), none of them where their builds, at
+    the longest build of a compiled configuration so far (`compile_s`, a one-element list kept
+    across models), would end past `compile_deadline` (default: `deadline`); the eager ones unless
+    that has passed. What is left out is named."""
+    def late(need=0.0, until=deadline):
+        return until is not None and time.monotonic() + need > until
 
+    compile_deadline = deadline if compile_deadline is None else compile_deadline
     compile_s = [0.0] if compile_s is None else compile_s
+    compiled = [c for c in configs if CONFIGS[c][1]]
     runs, rows = {}, {}
-    for name in sorted(configs, key=lambda c: not CONFIGS[c][1]):  # compiled first
-        if late(compile_s[0] if CONFIGS[name][1] else 0.0):
+    for name in compiled + [c for c in configs if not CONFIGS[c][1]]:
+        if CONFIGS[name][1]:
+            # all the compiled ones or none: one alone is not the comparison
+            todo = [c for c in compiled if c not in rows]
+            skip = any(rows.get(c, {}).get("error", "").startswith("not measured") for c in compiled) or \
+                late(compile_s[0] * len(todo), compile_deadline)
+        else:  # (an eager configuration builds in seconds)
+            skip = late(0.0, compile_deadline)
+        if skip:
             rows[name] = dict(config=name, error="not measured: out of time" + (
-                f" (a compiled configuration took {compile_s[0]:.0f} s to build)" if CONFIGS[name][1] and
-                not late() else ""))
+                f" (a compiled configuration took {compile_s[0]:.0f} s to build)"
+                if CONFIGS[name][1] and compile_s[0] and not late(0.0, compile_deadline) else ""))
             if progress is not None:
                 progress.update(1)
             continue
@@ -372,8 +382,9 @@ def configs_for(model_name):
 
 
 def run(models, rounds, progress=True, only=None, budget=None, steps=1, on_model=None):
-    """Every model's rows; with `budget` (seconds), each model gets an equal share of what is
-    left when it starts; `on_model(model, rows)` is called as each model completes."""
+    """Every model's rows; with `budget` (seconds), each model's rounds and memory figures get an
+    equal share of what is left when it starts, and a compile is started only where it would end
+    within the budget (measure); `on_model(model, rows)` is called as each model completes."""
     start = time.monotonic()
     result = {"rounds": rounds, "steps_per_sample": steps, "threads": torch.get_num_threads(),
               "torch": torch.__version__, "budget_s": budget, "models": {}}
@@ -388,7 +399,8 @@ def run(models, rounds, progress=True, only=None, budget=None, steps=1, on_model
             torch._dynamo.reset()
             t0 = time.monotonic()
             result["models"][m] = measure(m, [c for c in configs_for(m) if only is None or c in only], rounds, bar,
-                                          deadline=deadline, steps=steps, compile_s=compile_s)
+                                          deadline=deadline, steps=steps, compile_s=compile_s,
+                                          compile_deadline=None if budget is None else start + budget)
             result.setdefault("model_s", {})[m] = time.monotonic() - t0
             if on_model is not None:
                 on_model(m, result["models"][m])
@@ -439,10 +451,11 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu or cuda (Inductor's Triton kernels on CUDA)")
     parser.add_argument("--configs", help="a subset of the configurations, comma-separated: " + ", ".join(CONFIGS)
                         + " (default: all; on CUDA " + ", ".join(CUDA_CONFIGS) + ")")
-    parser.add_argument("--budget", type=float, help="seconds for the whole run, compiles included: each model "
-                                                     "gets an equal share of what is left when it starts; past "
-                                                     "it, configurations not built yet, further rounds and the "
-                                                     "memory figures are left out and named")
+    parser.add_argument("--budget", type=float, help="seconds for the whole run, compiles included: a model's "
+                                                     "compiled configurations are built only where they would "
+                                                     "end within it, and each model's rounds and memory figures "
+                                                     "get an equal share of what is left; what is left out is "
+                                                     "named")
     add_output_options(parser, progress=True)
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]

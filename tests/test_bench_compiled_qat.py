@@ -75,3 +75,29 @@ def test_graph_breaks_are_counted_while_compiling(bench):
     before = bench.graph_break_count()
     torch.compile(breaks, backend="eager")(torch.randn(3))
     assert bench.graph_break_count() - before == 1
+
+
+def test_the_compiled_configurations_of_a_model_are_built_together_or_not_at_all(bench, monkeypatch):
+    import time
+
+    class Built:
+        def __init__(self, model, name):
+            self.compiled = bench.CONFIGS[name][1]
+
+        def step(self):
+            pass
+
+    monkeypatch.setattr(bench, "Run", Built)
+    monkeypatch.setattr(bench, "peak_step_mb", lambda run: 1.0)
+    monkeypatch.setattr(bench, "saved_mb", lambda run: 1.0)
+    configs = ["float eager", "float compiled", "fakequant eager", "fakequant compiled"]
+    # two compiles of 30 s do not fit 40 s: neither is started; the eager ones are
+    rows = {r["config"]: r for r in bench.measure("resnet", configs, rounds=1, deadline=time.monotonic() + 40,
+                                                   compile_s=[30.0])}
+    assert all(rows[c]["error"].startswith("not measured: out of time") for c in ("float compiled",
+                                                                                  "fakequant compiled"))
+    assert rows["float eager"]["step_ms"] >= 0 and rows["fakequant eager"]["vs_float_same_mode"] is not None
+    # they fit the whole budget (compile_deadline) though not this model's share (deadline)
+    rows = {r["config"]: r for r in bench.measure("resnet", configs, rounds=1, deadline=time.monotonic() + 40,
+                                                   compile_s=[30.0], compile_deadline=time.monotonic() + 100)}
+    assert all("step_ms" in r for r in rows.values()) and rows["float compiled"]["graph_breaks"] == 0
