@@ -124,3 +124,17 @@ def test_a_pytest_step_stops_at_its_failure_cap(tmp_path):
                        cap=300, log_name="sample.log")
     assert row["counts"] == {"passed": 3, "failed": 2}, row
     assert row["result"] == "FAILED (stopped after 2 failures)"
+
+
+def test_the_benchmark_steps_end_by_their_own_budget_before_gpu_check_kills_them(tmp_path):
+    """bench_ops and bench_compiled_qat leave out (and name) what their --budget does not fit, and
+    print what they measured as they go; gpu-check's cap is the budget plus what is in flight."""
+    gpu_check = _gpu_check()
+    steps = {kw["name"]: kw for _, kw in gpu_check.plan(str(tmp_path))}
+    ops = next(kw for name, kw in steps.items() if name.startswith("benchmarks/bench_ops.py"))
+    compiled = next(kw for name, kw in steps.items() if name.startswith("benchmarks/bench_compiled_qat.py"))
+    for kw, budget in ((ops, gpu_check.BENCH_OPS_BUDGET), (compiled, gpu_check.COMPILED_BUDGET)):
+        args = kw["args"]
+        assert args[args.index("--budget") + 1] == str(budget) and budget + 20 <= kw["cap"]
+        assert args[args.index("--device") + 1] == "cuda" and "--sizes" not in args  # bench_ops' CUDA defaults
+    assert compiled["args"][compiled["args"].index("--models") + 1] == "resnet,llama,moe"

@@ -1,0 +1,103 @@
+"""benchmarks/bench_compiled_qat.py's budget and its CUDA defaults, on the CPU and without compiling:
+what is measured, left out and named when time runs out (issue 36, item 3). No time is asserted."""
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_compiled_qat as module
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def test_out_of_time_every_configuration_is_named_not_measured(bench):
+    result = bench.run(["resnet", "llama"], rounds=3, progress=False, only=["float eager", "fakequant compiled"],
+                       budget=0)
+    for model in ("resnet", "llama"):
+        rows = result["models"][model]
+        assert [r["config"] for r in rows] == ["float eager", "fakequant compiled"]
+        assert all(r["error"].startswith("not measured: out of time") for r in rows)
+    table = bench.format_tables(result)
+    assert table.count("not measured: out of time") == 4 and "did not run" not in table
+
+
+def test_each_model_is_reported_as_it_completes(bench):
+    seen = []
+    result = bench.run(["resnet"], rounds=2, progress=False, only=["float eager", "fakequant eager"], steps=2,
+                       on_model=lambda model, rows: seen.append((model, [r["config"] for r in rows])))
+    assert seen == [("resnet", ["float eager", "fakequant eager"])]
+    rows = {r["config"]: r for r in result["models"]["resnet"]}
+    for row in rows.values():
+        assert row["rounds"] == 2 and row["steps_per_sample"] == 2 and row["step_ms"] > 0
+        assert row["saved_mb"] > 0 and row["compile_s"] is None
+    assert rows["float eager"]["vs_float_same_mode"] == 1.0
+    assert "| fakequant eager |" in bench.format_tables(result)
+
+
+def test_a_compiled_configuration_is_not_started_where_its_build_would_end_past_the_deadline(bench, monkeypatch):
+    import time
+
+    built = []
+
+    def build(model, name):
+        built.append(name)
+        raise RuntimeError("not built here")
+
+    monkeypatch.setattr(bench, "Run", build)
+    rows = bench.measure("resnet", ["float eager", "float compiled"], rounds=1, deadline=time.monotonic() + 5,
+                         compile_s=[60.0])
+    assert built == ["float eager"]  # (the eager one is cheap: tried, here it raises and is reported)
+    assert rows[0]["error"] == "RuntimeError: not built here"
+    assert rows[1]["error"].startswith("not measured: out of time (a compiled configuration took 60 s")
+
+
+def test_the_cuda_defaults_are_the_targets_configurations(bench):
+    assert set(bench.CUDA_CONFIGS) == {"float eager", "float compiled", "fakequant eager", "fakequant compiled"}
+    assert set(bench.CUDA_CONFIGS) <= set(bench.CONFIGS) and bench.CUDA_STEPS > 1
+
+
+def test_graph_breaks_are_counted_while_compiling(bench):
+    import torch
+
+    def breaks(x):
+        y = x * 2
+        print("a graph break")
+        return y + 1
+
+    before = bench.graph_break_count()
+    torch.compile(breaks, backend="eager")(torch.randn(3))
+    assert bench.graph_break_count() - before == 1
+
+
+def test_the_compiled_configurations_of_a_model_are_built_together_or_not_at_all(bench, monkeypatch):
+    import time
+
+    class Built:
+        def __init__(self, model, name):
+            self.compiled = bench.CONFIGS[name][1]
+
+        def step(self):
+            pass
+
+    monkeypatch.setattr(bench, "Run", Built)
+    monkeypatch.setattr(bench, "peak_step_mb", lambda run: 1.0)
+    monkeypatch.setattr(bench, "saved_mb", lambda run: 1.0)
+    configs = ["float eager", "float compiled", "fakequant eager", "fakequant compiled"]
+    # two compiles of 30 s do not fit 40 s: neither is started; the eager ones are
+    rows = {r["config"]: r for r in bench.measure("resnet", configs, rounds=1, deadline=time.monotonic() + 40,
+                                                   compile_s=[30.0])}
+    assert all(rows[c]["error"].startswith("not measured: out of time") for c in ("float compiled",
+                                                                                  "fakequant compiled"))
+    assert rows["float eager"]["step_ms"] >= 0 and rows["fakequant eager"]["vs_float_same_mode"] is not None
+    # they fit the whole budget (compile_deadline) though not this model's share (deadline)
+    rows = {r["config"]: r for r in bench.measure("resnet", configs, rounds=1, deadline=time.monotonic() + 40,
+                                                   compile_s=[30.0], compile_deadline=time.monotonic() + 100)}
+    assert all("step_ms" in r for r in rows.values()) and rows["float compiled"]["graph_breaks"] == 0
