@@ -305,25 +305,44 @@ def test_blockwise_several_grid_steps(block_size):
         blockwise(x, block_size, "int8")
 
 
+def vector_trip(block_size, dtype):
+    """Elements one warp's trip of blockwise_vector_kernel covers: 32 lanes of K 16-byte vectors,
+    K = min(vectors a block, 8) (1 where a block is less than a vector: the scalar kernel's)."""
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    return 32 * max(1, min(block_size // vec, 8)) * vec
+
+
+def vector_blocks(rows, block_size, dtype, offset):
+    """rows blocks of data: blocks of zeros (degenerate), of subnormals and of values below the
+    tiny-amax epsilon, of one sign, and data's +-inf and NaN."""
+    x = data(rows * block_size, dtype, offset=offset).reshape(rows, block_size)
+    x[1] = 0.0
+    x[2] = torch.linspace(-1e-40, 1e-40, block_size, dtype=torch.float64).to(dtype)
+    x[3] = torch.linspace(-3e-8, 2e-8, block_size, dtype=torch.float64).to(dtype)
+    x[4] = x[4].abs()
+    return x
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("block_size", [4, 8, 16, 32, 128, 256])
 def test_blockwise_vectors(block_size, dtype):
-    # Whole blocks in 16-byte aligned memory: one 16-byte vector a lane (blockwise_vector_kernel,
-    # block sizes that are a power-of-two number of vectors up to a warp's), over about 2.5 grid
-    # steps of the capped grid and a last tile that is not whole; then the same blocks at an odd
-    # offset (the scalar kernel). Blocks of zeros (degenerate), of subnormals and below the
-    # tiny-amax epsilon, of +-inf and NaN (data's), of a single sign.
-    vec = 16 // torch.empty((), dtype=dtype).element_size()
-    rows = (5 * 128 * 32 * vec // 2) // block_size + 1
+    # Whole blocks in 16-byte aligned memory: a power-of-two number of vectors a block, up to a
+    # warp's (blockwise_vector_kernel): three whole trips and one block of a fourth, every
+    # element format; then the same at an odd offset (the scalar kernel).
+    rows = 3 * vector_trip(block_size, dtype) // block_size + 1
     for offset in (0, 1):
-        x = data(rows * block_size, dtype, offset=offset).reshape(rows, block_size)
-        x[1] = 0.0
-        x[2] = torch.linspace(-1e-40, 1e-40, block_size, dtype=torch.float64).to(dtype)
-        x[3] = torch.linspace(-3e-8, 2e-8, block_size, dtype=torch.float64).to(dtype)
-        x[4] = x[4].abs()
+        x = vector_blocks(rows, block_size, dtype, offset)
         for element in ("int8", "uint4", "fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp4_e2m1", "nvfp4",
                         "mxfp8", "mxfp6", "mxfp4", "mxint8"):
             blockwise(x, block_size, element)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_blockwise_vectors_grid_steps(dtype):
+    # About 2.5 steps of the capped grid (128 warps) of trips, in NVFP4's blocks of 16 elements.
+    rows = 5 * 128 * vector_trip(16, dtype) // (2 * 16) + 3
+    x = vector_blocks(rows, 16, dtype, 0)
+    blockwise(x, 16, "nvfp4")
 
 
 def test_blockwise_long_row():

@@ -194,14 +194,14 @@ __device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {
 // that the fast path keeps everything in registers.
 template <int V, Format F, Output O, Window W, typename scalar_t, typename C>
 __device__ __noinline__ unsigned quantize_vector_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
-                                                      const Consts<C> c) {
+                                                      C s, C lo, C hi, C zp, C wlo, C whi) {
   const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x);
   Pack<scalar_t, V> out;
   unsigned bits = 0;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     unsigned m;
-    out.v[k] = static_cast<scalar_t>(quantize_value<F, O, W>(static_cast<C>(in.v[k]), c, m));
+    out.v[k] = static_cast<scalar_t>(quantize_value<F, O, W>(static_cast<C>(in.v[k]), s, lo, hi, zp, wlo, whi, m));
     bits |= m << k;
   }
   *reinterpret_cast<Pack<scalar_t, V>*>(y) = out;
@@ -245,7 +245,8 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
         }
         *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
       } else {
-        bits = quantize_vector_slow<V, F, O, W>(x + e0, y + e0, c);
+        bits = quantize_vector_slow<V, F, O, W>(x + e0, y + e0, c.scale, c.lo, c.hi, c.zero_point, c.window_lo,
+                                                c.window_hi);
       }
     } else {
 #pragma unroll
