@@ -134,16 +134,17 @@ class _Learned:
 
 class _DynamicBlocks:
     """Dynamic blocks along one axis: ``fake_quantize_blockwise`` in one pass (integer or
-    (E, M) elements; E4M3 block scales under a per-tensor one with ``scale_bits=(4, 3)``,
-    E8M0 power-of-two ones with ``scale_bits=(8, 0)``); llama.cpp's Q8_0 / Q4_0 blocks,
-    ``fake_quantize_ggml``, with ``scale_bits=(5, 10)``)."""
+    (E, M) elements; E4M3 block scales under a per-tensor one with ``BlockScales.E4M3``,
+    E8M0 power-of-two ones with ``BlockScales.E8M0``); llama.cpp's Q8_0 / Q4_0 blocks,
+    ``fake_quantize_ggml``, with ``BlockScales.GGML`` (the spec's ``scale_format``)."""
 
     def __call__(self, q, inputs):
         spec = q.spec
         axis, block_size = spec.kernel_block
         if block_size is None:  # the whole axis: one amax per row (per token)
             block_size = max(inputs.size(axis) if inputs.dim() else 1, 1)
-        if spec.scale_bits == (5, 10):  # llama.cpp's Q8_0 / Q4_0 blocks (the GGUF presets)
+        scale_format = spec.scale_format
+        if scale_format is _core.BlockScales.GGML:  # llama.cpp's Q8_0 / Q4_0 blocks (the GGUF presets)
             return ops.fake_quantize_ggml(inputs, block_size, spec.num_bits, axis=axis)
         if isinstance(spec.num_bits, tuple):  # (E, M) elements: 1 + E + M bits
             e, m = spec.num_bits
@@ -151,7 +152,7 @@ class _DynamicBlocks:
         else:
             num_bits, exponent_bits = spec.num_bits, 0
         scale_amax, computed = None, False
-        e8m0 = spec.scale_bits == (8, 0)  # the MX formats: power-of-two block scales, nothing calibrated
+        e8m0 = scale_format is _core.BlockScales.E8M0  # the MX formats: power-of-two block scales, nothing calibrated
         if spec.scales_need_amax:
             # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
             amax = q.amax

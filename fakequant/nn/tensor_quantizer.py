@@ -192,6 +192,12 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         return self._spec.scale_bits
 
     @property
+    def scale_format(self) -> Optional[_core.BlockScales]:
+        """The format ``scale_bits`` names (``fakequant._core.BlockScales``: ``E4M3``, ``E8M0``,
+        ``GGML``), decided once when the spec is built; None without block scales."""
+        return self._spec.scale_format
+
+    @property
     def centered(self) -> bool:
         """Whether dynamic blocks are quantized about their centre (a ``"max_min"`` bias)."""
         return self._spec.centered
@@ -395,12 +401,12 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         state.pop("_values", None)
         state.pop("_path", None)
         spec = state.pop("_spec")
-        state.update({f"_{f.name}": getattr(spec, f.name) for f in dataclasses.fields(spec)})
+        state.update({f"_{name}": getattr(spec, name) for name in QuantSpec.arguments()})
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         state = dict(state)
-        fields = {f.name: state.pop(f"_{f.name}", f.default) for f in dataclasses.fields(QuantSpec)}
+        fields = {f.name: state.pop(f"_{f.name}", f.default) for f in dataclasses.fields(QuantSpec) if f.init}
         super().__setstate__(state)
         self._spec = QuantSpec(**fields)
         self._configure()
@@ -419,5 +425,5 @@ def _spec_field(name: str) -> property:
 
 # pytorch-quantization's private names of the configuration (``q._num_bits``, ...), which
 # scripts read: views of the spec. (Pickles hold them too: see __getstate__.)
-for _field in dataclasses.fields(QuantSpec):
-    setattr(TensorQuantizer, f"_{_field.name}", _spec_field(_field.name))
+for _name in QuantSpec.arguments():
+    setattr(TensorQuantizer, f"_{_name}", _spec_field(_name))

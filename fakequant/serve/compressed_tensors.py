@@ -13,7 +13,7 @@ the format's dequantization of what is written is checked against the quantizer'
 bit for bit, before anything is written (docs/serving.md).
 
 Each quantizer is read through its public properties (``num_bits``, ``axis``,
-``block_sizes``, ``scale_bits``, ``amax``, ...); one the format cannot describe raises a
+``block_sizes``, ``scale_format``, ``amax``, ...); one the format cannot describe raises a
 ValueError naming the quantizer and why, before anything is written.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 import torch
 
 from .. import _core, pretrained
+from .._core import BlockScales
 from .. import nn as quant_nn
 from ..nn.tensor_quantizer import TensorQuantizer
 
@@ -86,7 +87,7 @@ def _static_amax(q: TensorQuantizer) -> Optional[torch.Tensor]:
 
 
 def _tensor_amax_of_blocks(q: TensorQuantizer) -> Optional[torch.Tensor]:
-    """The per-tensor amax that E4M3 block scales are relative to (``scale_bits=(4, 3)``), when
+    """The per-tensor amax that E4M3 block scales are relative to (``BlockScales.E4M3``), when
     calibrated or set (dynamic blocks read it too); None when each input gives its own."""
     amax = q.amax
     return None if amax is None or amax.numel() != 1 else amax.detach().float().cpu().reshape(())
@@ -134,7 +135,7 @@ def _group_amax(where: str, q: TensorQuantizer, w: torch.Tensor, size: int) -> t
     static = _static_amax(q)
     if static is not None and static.numel() == out_f * (in_f // size):
         return static.reshape(out_f, in_f // size)
-    if static is not None and not (q.scale_bits == (4, 3) and static.numel() == 1):
+    if static is not None and not (q.scale_format is BlockScales.E4M3 and static.numel() == 1):
         raise _refuse(where, f"a static block amax of shape {tuple(static.shape)}")
     return w.reshape(out_f, in_f // size, size).abs().amax(dim=-1)
 
@@ -212,13 +213,13 @@ def _weight_plan(where: str, q: Any, weight: torch.Tensor
         raise _refuse(where, "one block per row (block_sizes {-1: None}): use axis=0 for per-channel weights")
     tensors: Dict[str, torch.Tensor] = {}
 
-    if isinstance(fmt, int) or fmt == _E4M3 and q.scale_bits is None:
+    if isinstance(fmt, int) or fmt == _E4M3 and q.scale_format is None:
         # one level: s = fp32(amax) / bound (int: 2^(b-1) - 1, E4M3: 448); amax <= 2^-24 gives 0
         bits = fmt if isinstance(fmt, int) else 0
         is_int = bits > 0
         if is_int and not 2 <= bits <= 8:
             raise _refuse(where, f"num_bits={fmt}: the format stores integers of 2 to 8 bits")
-        if q.scale_bits is not None:
+        if q.scale_format is not None:
             raise _refuse(where, f"integer elements with scale_bits={q.scale_bits}")
         bound = float(_core.amax_bound(bits)) if is_int else _core.float_format_max(_E4M3)
         if size is None:
@@ -241,10 +242,10 @@ def _weight_plan(where: str, q: Any, weight: torch.Tensor
         dequant = stored.float() * _expand(scale, w)
         return args, tensors, dequant, target
 
-    if fmt not in (_E2M1, _E4M3) or q.scale_bits not in ((4, 3), (8, 0)):
+    if fmt not in (_E2M1, _E4M3) or q.scale_format not in (BlockScales.E4M3, BlockScales.E8M0):
         raise _refuse(where, f"num_bits={fmt} with scale_bits={q.scale_bits}: the format has E4M3 and E2M1 "
                              "elements (FP8, NVFP4, MXFP4, MXFP8)")
-    if q.scale_bits == (8, 0):
+    if q.scale_format is BlockScales.E8M0:
         # MX: s = 2^clamp(floor(log2 amax) - emax, -127, 127), stored as the biased exponent
         if size != _MX_BLOCK:
             raise _refuse(where, f"MX blocks of {size}: the format's MX groups are {_MX_BLOCK}")
@@ -330,7 +331,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
         raise _refuse(where, f"num_bits={fmt}: the format's float activations are E4M3 and E2M1")
     base = {"num_bits": bits if is_int else (4 if fmt == _E2M1 else 8), "type": "int" if is_int else "float",
             "symmetric": True}
-    if q.scale_bits is None and (is_int or fmt == _E4M3):
+    if q.scale_format is None and (is_int or fmt == _E4M3):
         if block == (True, None) and q.dynamic:
             return {**base, "strategy": "token", "dynamic": True}, {}
         if block is None and q.axis is None:
@@ -345,7 +346,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
             return {**base, "strategy": "tensor", "dynamic": False}, {"input_scale": scale}
         raise _refuse(where, f"axis={q.axis!r}, block_sizes={q.block_sizes}: the format's activation scales are "
                              "per tensor or per token (block_sizes {-1: None}, dynamic)")
-    if q.scale_bits == (4, 3) and fmt == _E2M1 and block == (True, _NVFP4_BLOCK):
+    if q.scale_format is BlockScales.E4M3 and fmt == _E2M1 and block == (True, _NVFP4_BLOCK):
         tensor_amax = _tensor_amax_of_blocks(q)
         if tensor_amax is None:
             raise _refuse(where, "NVFP4 activations without a calibrated per-tensor amax: the format's global "
@@ -355,7 +356,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
         return ({**base, "strategy": "tensor_group", "dynamic": "local", "group_size": _NVFP4_BLOCK,
                  "scale_dtype": "torch.float8_e4m3fn", "zp_dtype": "torch.float8_e4m3fn"},
                 {"input_global_scale": global_scale})
-    if q.scale_bits == (8, 0) and block == (True, _MX_BLOCK):
+    if q.scale_format is BlockScales.E8M0 and block == (True, _MX_BLOCK):
         return ({**base, "strategy": "group", "dynamic": True, "group_size": _MX_BLOCK,
                  "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}, {})
     raise _refuse(where, f"num_bits={fmt}, block_sizes={q.block_sizes}, scale_bits={q.scale_bits}: no activation "
