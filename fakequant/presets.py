@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
+from ._core import BlockScales
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 
 __all__ = ["Preset", "PRESETS", "get"]
@@ -62,15 +63,21 @@ class Preset(NamedTuple):
 _PER_TOKEN: Dict[str, Any] = {"type": "dynamic", "block_sizes": {-1: None}}
 
 
+def _blocks(num_bits: Union[int, Tuple[int, int]], size: int, scales: BlockScales) -> Dict[str, Any]:
+    """Dynamic blocks of ``size`` along the last axis with block scales of format ``scales``
+    (written in the descriptor's spelling, ``scale_bits``)."""
+    return {"num_bits": num_bits, "block_sizes": {-1: size, "type": "dynamic", "scale_bits": scales.scale_bits}}
+
+
 def _mx(num_bits: Tuple[int, int]) -> Dict[str, Any]:
-    return {"num_bits": num_bits, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (8, 0)}}
+    return _blocks(num_bits, 32, BlockScales.E8M0)
 
 
-_NVFP4: Dict[str, Any] = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}}
+_NVFP4: Dict[str, Any] = _blocks((2, 1), 16, BlockScales.E4M3)
 
 def _ggml(num_bits: int) -> Dict[str, Any]:
-    # scale_bits (5, 10): float16 block scales, computed as llama.cpp computes them
-    return {"num_bits": num_bits, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (5, 10)}}
+    # float16 block scales, computed as llama.cpp computes them
+    return _blocks(num_bits, 32, BlockScales.GGML)
 
 
 PRESETS: Dict[str, Preset] = {

@@ -18,14 +18,15 @@ float16/bfloat16 inputs compute in float32, float64 inputs in float64.
 """
 import math
 
-from typing import Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ._core import AMAX_EPSILON, E4M3_MAX, E5M2_MAX, amax_range, divide, zero_keeping_sign
+from ._core import AMAX_EPSILON, E4M3_MAX, E5M2_MAX, BlockScales, amax_range, divide, zero_keeping_sign
 
-__all__ = ["AMAX_EPSILON", "E2M1_VALUES", "amax_range", "blockwise_element_max",
-           "blockwise_saturation_limit", "compute_dtype", "e8m0_scale_of", "fake_quantize_affine",
+__all__ = ["AMAX_EPSILON", "E2M1_VALUES", "BlockScaleValues", "amax_range", "amax_scale", "block_element",
+           "block_scales", "blockwise_element_max", "blockwise_saturation_limit", "compute_dtype",
+           "e8m0_exponent_of", "e8m0_scale_of", "element_codes", "fake_quantize_affine",
            "fake_quantize_affine_float_zero_point", "fake_quantize_amax", "fake_quantize_blockwise",
            "fake_quantize_fp8", "fake_quantize_min_max", "format_max", "format_values", "mx_emax", "quantize_amax",
            "round_e2m1", "round_to_float_format", "round_to_format", "round_to_grid", "round_to_float16",
@@ -90,12 +91,20 @@ def fake_quantize_affine_float_zero_point(x: torch.Tensor, scale: torch.Tensor, 
     return y, mask
 
 
+def amax_scale(amax, bound):
+    """The one-level scale of the amax family, ``fp32(amax) / bound`` (float32), and 1 where
+    ``amax <= AMAX_EPSILON`` (the degenerate amax, whose outputs are 0): the scale of
+    ``quantize_amax``, of FP8 per tensor or channel, and of blocks with one level."""
+    a32 = amax.float()
+    return torch.where(a32 <= AMAX_EPSILON, torch.ones_like(a32), divide(a32, bound))
+
+
 def _amax_common(x, amax, num_bits, unsigned, narrow_range):
     ct = compute_dtype(x)
     qmin, bound = amax_range(num_bits, unsigned, narrow_range)
     a32 = torch.as_tensor(amax).to(x.device, torch.float32)
     zero = a32 <= AMAX_EPSILON
-    s = torch.where(zero, torch.ones_like(a32), divide(a32, bound)).to(ct)
+    s = amax_scale(a32, bound).to(ct)
     r = torch.round(x.to(ct) / s)
     q = torch.clamp(r, qmin, bound)
     q = torch.where(zero, zero_keeping_sign(r), q)  # amax ~ 0: everything to 0, NaN stays NaN
@@ -150,7 +159,7 @@ def fake_quantize_fp8(x, amax, exponent_bits=4, mantissa_bits=3):
     ct = compute_dtype(x)
     a32 = torch.as_tensor(amax).to(x.device, torch.float32)
     zero = a32 <= AMAX_EPSILON
-    s = torch.where(zero, torch.ones_like(a32), divide(a32, fmax)).to(ct)
+    s = amax_scale(a32, fmax).to(ct)
     xs = x.to(ct) / s
     y = round_to_format(xs.clamp(-fmax, fmax).float(), exponent_bits, mantissa_bits).to(ct) * s
     y = torch.where(zero, zero_keeping_sign(xs), y)  # amax ~ 0: everything to 0 (-0.0 stays), NaN stays NaN
@@ -248,16 +257,94 @@ def mx_emax(num_bits, exponent_bits):
     return int(math.floor(math.log2(format_max(*_block_format(num_bits, exponent_bits)))))
 
 
-def e8m0_scale_of(amax, emax):
-    """2^(floor(log2(amax)) - emax), the exponent clamped to [-127, 127], as float32; NaN where
-    amax is NaN or infinite (OCP microscaling v1.0, section 6.3)."""
+def e8m0_exponent_of(amax, emax):
+    """k = floor(log2(amax)) - emax clamped to [-127, 127], as float32 (exact): the exponent of
+    the E8M0 scale 2^k; a checkpoint stores the code k + 127 (OCP microscaling v1.0, section
+    6.3). -127 where amax is 0 or NaN."""
     a = amax.float()
     _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1): floor(log2 a) = e - 1
     # The exponent as a float (exact), frexp of float32: int32 arithmetic beside float64
     # hits an Inductor CPU code generation error (tests/test_compiled.py).
-    k = (torch.where(a > 0, e.float(), torch.full_like(a, -1000.0)) - (1 + emax)).clamp(-127, 127)
+    return (torch.where(a > 0, e.float(), torch.full_like(a, -1000.0)) - (1 + emax)).clamp(-127, 127)
+
+
+def e8m0_scale_of(amax, emax):
+    """2^(floor(log2(amax)) - emax), the exponent clamped to [-127, 127] (:func:`e8m0_exponent_of`),
+    as float32; NaN where amax is NaN or infinite (OCP microscaling v1.0, section 6.3)."""
+    a = amax.float()
+    k = e8m0_exponent_of(a, emax)
     s = torch.ldexp(torch.ones_like(a, dtype=torch.float64), k.double()).float()  # 2^-127: exact
     return torch.where(a.isfinite(), s, torch.full_like(s, float("nan")))
+
+
+def block_element(num_bits):
+    """``(num_bits, exponent_bits)`` of a block's elements as the block-wise operator takes them,
+    from a descriptor's ``num_bits``: an int (integers: exponent_bits 0) or ``(E, M)`` (floats of
+    1 + E + M bits)."""
+    if isinstance(num_bits, tuple):
+        e, m = num_bits
+        return 1 + e + m, e
+    return num_bits, 0
+
+
+class BlockScaleValues(NamedTuple):
+    """The scales of blocks, from their amax (:func:`block_scales`)."""
+
+    #: float32: each block's elements are ``x / scale`` on the element grid, times ``scale``.
+    scale: torch.Tensor
+    #: bool: the blocks whose outputs are 0 (NaN stays NaN), whatever ``scale`` holds there.
+    degenerate: torch.Tensor
+    #: the block scale as the format stores it: the E4M3 value (float32) under ``global_scale``,
+    #: the E8M0 exponent code ``k + 127`` (uint8), or ``scale`` (one level).
+    code: torch.Tensor
+    #: g of two-level scales (E4M3 under a per-tensor scale), else None.
+    global_scale: Optional[torch.Tensor]
+
+
+def block_scales(amax, num_bits, unsigned=False, exponent_bits=0, scale_format=None, scale_amax=None):
+    """The rule from the amax of blocks (float32, any shape) to their scales, per format of the
+    block scales (``fakequant._core.BlockScales``; None: one level), for elements of
+    ``num_bits`` with ``exponent_bits`` (elem_max: :func:`blockwise_element_max`)::
+
+        one level  s = fp32(amax) / elem_max            (1 where degenerate: amax <= 2^-24)
+        E4M3       g = fp32(scale_amax) / (elem_max * 448),  c = e4m3(fp32(amax / elem_max) / g),
+                   s = c * g                            degenerate also where g <= 0 or s == 0
+        E8M0       s = 2^k, k = clamp(floor(log2 amax) - emax, -127, 127)   never degenerate
+
+    What the block-wise operator, its composite and the serving exporters compute
+    (:func:`element_codes` then gives the codes). llama.cpp's blocks (``BlockScales.GGML``) have
+    their rule in :func:`fake_quantize_ggml`, codes included."""
+    amax = amax.float()
+    if scale_format is BlockScales.E8M0:
+        k = e8m0_exponent_of(amax, mx_emax(num_bits, exponent_bits))
+        s = e8m0_scale_of(amax, mx_emax(num_bits, exponent_bits))
+        return BlockScaleValues(s, torch.zeros_like(amax, dtype=torch.bool), (k + 127).to(torch.uint8), None)
+    if scale_format not in (None, BlockScales.E4M3):
+        raise ValueError(f"fakequant: block_scales computes one-level, E4M3 and E8M0 block scales, got {scale_format}")
+    elem_max = blockwise_element_max(num_bits, unsigned, exponent_bits)
+    s = amax_scale(amax, elem_max)
+    degenerate = amax <= AMAX_EPSILON
+    if scale_format is None:
+        return BlockScaleValues(s, degenerate, s, None)
+    if scale_amax is None:
+        raise ValueError("fakequant: E4M3 block scales need scale_amax (the per-tensor amax they are relative to)")
+    g = divide(torch.as_tensor(scale_amax).to(amax.device, torch.float32), elem_max * E4M3_MAX)  # elem_max * 448: exact
+    c = round_to_format(s / g, 4, 3)
+    s = c * g
+    return BlockScaleValues(s, degenerate | (g <= 0) | (s == 0), c, g)
+
+
+def element_codes(xs, num_bits, unsigned=False, narrow_range=True, exponent_bits=0):
+    """``(codes, inside)`` of ``xs = x / s`` (in the compute type): the rule's elements.
+    Integers ``clamp(rint(xs), qmin, qmax) + 0.0``, floats ``round_to_format(fp32(xs))`` (sign
+    of zero kept) in xs's dtype; ``inside``: the element did not saturate (integers
+    ``qmin <= rint(xs) <= qmax``; floats ``|xs| <=`` :func:`blockwise_saturation_limit`)."""
+    if exponent_bits == 0:
+        qmin, bound = amax_range(num_bits, unsigned, narrow_range)
+        r = torch.round(xs)
+        return r.clamp(qmin, bound) + 0.0, (r >= qmin) & (r <= bound)  # NaN stays NaN; +0.0 for q = -0.0
+    q = round_to_format(xs.float(), *_block_format(num_bits, exponent_bits)).to(xs.dtype)
+    return q, xs.abs() <= blockwise_saturation_limit(num_bits, exponent_bits)
 
 
 def _row_blocks(x, block_size):
@@ -306,7 +393,6 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
         padded = torch.nn.functional.pad(rows, (0, extra))
     xb = padded.reshape(rows.shape[0], nblocks, block_size)
 
-    elem_max = blockwise_element_max(num_bits, unsigned, exponent_bits)
     if centered:
         xf = xb.float()
         zero = torch.zeros((), device=x.device)
@@ -323,28 +409,13 @@ def fake_quantize_blockwise(x, block_size, num_bits=8, unsigned=False, narrow_ra
         xb = xb.to(compute_dtype(x)) - center.to(compute_dtype(x))
     else:
         amax = xb.abs().amax(-1, keepdim=True).float()
-    s = divide(amax, elem_max)
-    degenerate = amax <= AMAX_EPSILON
-    if scale_amax is not None:
-        sa = torch.as_tensor(scale_amax).to(x.device, torch.float32).reshape(1, 1, 1)
-        g = divide(sa, elem_max * E4M3_MAX)  # elem_max * 448: exact
-        s = round_to_format(s / g, 4, 3) * g
-        degenerate = degenerate | (g <= 0)
-    degenerate = degenerate | (s == 0)
-    if e8m0_scale:
-        s = e8m0_scale_of(amax, mx_emax(num_bits, exponent_bits))
-        degenerate = torch.zeros_like(degenerate)
+    scale_format = BlockScales.E8M0 if e8m0_scale else None if scale_amax is None else BlockScales.E4M3
+    sa = None if scale_amax is None else torch.as_tensor(scale_amax).reshape(1, 1, 1)
+    s, degenerate, _, _ = block_scales(amax, num_bits, unsigned, exponent_bits, scale_format, sa)
 
     xc = xb.to(ct)
     xs = xc / s.to(ct)
-    if exponent_bits == 0:
-        qmin, bound = amax_range(num_bits, unsigned, narrow_range)
-        r = torch.round(xs)
-        q = r.clamp(qmin, bound) + 0.0  # NaN stays NaN; +0.0 for q = -0.0
-        inside = (r >= qmin) & (r <= bound)
-    else:
-        q = round_to_format(xs.float(), *_block_format(num_bits, exponent_bits)).to(ct)
-        inside = xs.abs() <= blockwise_saturation_limit(num_bits, exponent_bits)
+    q, inside = element_codes(xs, num_bits, unsigned, narrow_range, exponent_bits)
     y = q * s.to(ct)
     y = torch.where(degenerate, torch.where(xc.isnan(), xc, torch.zeros_like(xc)), y)
     mask = torch.where(degenerate, ~xc.isnan(), inside)

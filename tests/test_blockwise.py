@@ -12,6 +12,7 @@ import torch
 import fakequant
 import reference as ref
 from conftest import DEVICES, DTYPES, assert_same, bits_equal
+from fakequant._core import BlockScales
 from fakequant.ops import fake_quantize_blockwise
 
 ops = torch.ops.fakequant
@@ -100,6 +101,38 @@ def test_nvfp4_as_documented(device):
     q = ref.round_e2m1(xb / s)
     assert bits_equal(y, (q * s).reshape(8, 64))
     assert bool(torch.isin(q.abs(), torch.tensor(ref.E2M1_VALUES, device=device)).all())
+
+
+# (block scales, num_bits, exponent_bits, block_size): one level (int4, E4M3), NVFP4, MXFP4, MXFP8
+RULES = {"int4": (None, 4, 0, 32), "E4M3": (None, 8, 4, 32), "NVFP4": (BlockScales.E4M3, 4, 2, 16),
+         "MXFP4": (BlockScales.E8M0, 4, 2, 32), "MXFP8": (BlockScales.E8M0, 8, 4, 32)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rule", RULES.values(), ids=RULES.keys())
+def test_the_rule_gives_the_codes_and_scales(device, rule):
+    # The one rule per format (reference.block_scales, element_codes), which the composite and the
+    # serving exporter ask for codes and scales: codes * scales are the operator's outputs, and
+    # the scales' stored codes give the scales back.
+    scale_format, num_bits, exponent_bits, block = rule
+    x = varied_input((8, 64), torch.float32, device)
+    x[0, :block] = 0.0  # a degenerate block
+    sa = x.abs().amax() if scale_format is BlockScales.E4M3 else None
+    y = fake_quantize_blockwise(x, block, num_bits=num_bits, exponent_bits=exponent_bits, scale_amax=sa,
+                                e8m0_scale=scale_format is BlockScales.E8M0)
+    xb = x.reshape(8, 64 // block, block)
+    scales = ref.block_scales(xb.abs().amax(-1, keepdim=True), num_bits, False, exponent_bits, scale_format, sa)
+    codes, _ = ref.element_codes(xb / scales.scale, num_bits, False, True, exponent_bits)
+    expected = torch.where(scales.degenerate, torch.zeros_like(codes), codes * scales.scale)
+    assert bits_equal(y, expected.reshape(8, 64))
+    assert bool(scales.degenerate[0, 0]) == (scale_format is not BlockScales.E8M0)  # E8M0: never degenerate
+    if scale_format is BlockScales.E4M3:
+        assert bits_equal(scales.code * scales.global_scale, scales.scale)
+    elif scale_format is BlockScales.E8M0:
+        assert scales.code.dtype == torch.uint8
+        assert bits_equal(torch.ldexp(torch.ones_like(scales.scale), scales.code.int() - 127), scales.scale)
+    else:
+        assert scales.global_scale is None and bits_equal(scales.code, scales.scale)
 
 
 # --- rounding of the element formats on every midpoint ------------------------------

@@ -25,6 +25,7 @@ import fakequant
 import op_table
 from conftest import DEVICES, assert_same, bits_equal
 from fakequant import tensor_quant
+from fakequant.nn import _input_amax
 from fakequant.tensor_quant import QuantDescriptor
 from fakequant.utils import reduce_amax
 from op_table import FLOATS, INT32_MAX, INT32_MIN
@@ -637,7 +638,7 @@ def test_fuzz_descriptor_and_quantizer(kwargs, x):
     if desc.fake_quant and desc.block_sizes is None and not desc.learn_amax and q.amax is not None \
             and not desc.dynamic and isinstance(desc.num_bits, int):
         amax = q.amax if desc.scale_amax is None else q.amax * desc.scale_amax
-        amax = q._broadcastable(amax, x)
+        amax = _input_amax.broadcastable(q.spec, amax, x)
         assert_same(y, AMAX.reference((x, amax, desc.num_bits, desc.unsigned, desc.narrow_range))[0])
 
 

@@ -150,3 +150,69 @@ def test_the_checks_catch_a_two_way_and_an_upward_dependency(monkeypatch):
         test_no_part_imports_a_higher_layer()
     with pytest.raises(AssertionError, match="import cycles"):
         test_no_two_way_dependency()
+
+
+# --- each block-scale format named once (docs/design.md, "Formats") ---------------------------
+
+# The one place that reads the descriptor's spelling of a format, block_sizes["scale_bits"].
+FORMATS_MODULE = ROOT / "_core" / "formats.py"
+# (E, M) tuples that only ever spell a block-scale format (E8M0, llama.cpp's float16 scales);
+# (4, 3) also names E4M3 elements, so it counts only beside a mention of scale_bits.
+SCALE_ONLY = {(8, 0), (5, 10)}
+
+
+def _int_pair(node):
+    if isinstance(node, ast.Tuple) and len(node.elts) == 2 and all(
+            isinstance(e, ast.Constant) and type(e.value) is int for e in node.elts):
+        return tuple(e.value for e in node.elts)
+    return None
+
+
+def _mentions_scale_bits(node):
+    return any((isinstance(n, ast.Attribute) and n.attr == "scale_bits")
+               or (isinstance(n, ast.Name) and n.id == "scale_bits")
+               or (isinstance(n, ast.Constant) and n.value == "scale_bits") for n in ast.walk(node))
+
+
+def scale_bits_literals(source, filename="<source>"):
+    """(line, what) of each scale_bits tuple literal in ``source``: a tuple that only spells a
+    block-scale format, and any (int, int) tuple compared with, assigned to or passed as
+    something named scale_bits."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        pair = _int_pair(node)
+        if pair in SCALE_ONLY:
+            found.append((node.lineno, f"the tuple {pair}"))
+        elif isinstance(node, ast.Compare) and _mentions_scale_bits(node):
+            pairs = [p for n in ast.walk(node) if (p := _int_pair(n)) is not None]
+            if pairs:
+                found.append((node.lineno, f"scale_bits compared with {pairs[0]}"))
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and key.value == "scale_bits" and _int_pair(value) is not None:
+                    found.append((node.lineno, f"'scale_bits': {_int_pair(value)}"))
+        elif isinstance(node, ast.keyword) and node.arg == "scale_bits" and _int_pair(node.value) is not None:
+            found.append((node.value.lineno, f"scale_bits={_int_pair(node.value)}"))
+    return sorted(set(found))
+
+
+def test_scale_bits_literals_only_in_the_formats_module():
+    bad = [f"{path.relative_to(ROOT)}:{line}: {what}" for path in sorted(ROOT.rglob("*.py")) if path != FORMATS_MODULE
+           for line, what in scale_bits_literals(path.read_text(), str(path))]
+    assert not bad, ("read the format by name (fakequant._core.BlockScales: spec.scale_format, "
+                     "q.scale_format, BlockScales.X.scale_bits), not its tuple:\n" + "\n".join(bad))
+    assert scale_bits_literals(FORMATS_MODULE.read_text()), "the mapping moved: update FORMATS_MODULE"
+
+
+@pytest.mark.parametrize("source,found", [
+    ("if q.scale_bits == (4, 3):\n    pass\n", True),
+    ("x = spec.scale_bits not in ((4, 3), (8, 0))\n", True),
+    ("d = {-1: 32, 'type': 'dynamic', 'scale_bits': (4, 3)}\n", True),
+    ("e8m0 = block_sizes.get('scale_bits') == (8, 0)\n", True),
+    ("QuantSpec(scale_bits=(4, 3))\n", True),
+    ("fmt = (5, 10)\n", True),
+    ("e4m3 = (4, 3)\nif fmt == e4m3 and q.scale_format is None:\n    pass\n", False),
+    ("if q.scale_format is BlockScales.E8M0:\n    pass\n", False),
+])
+def test_the_scale_bits_check_sees_the_spellings(source, found):
+    assert bool(scale_bits_literals(source)) == found

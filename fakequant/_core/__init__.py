@@ -7,7 +7,6 @@ nothing of fakequant but the compiled library.
 from .constants import (
     AMAX_EPSILON,
     BLOCK_FLOAT_FORMATS,
-    BLOCK_SCALE_BITS,
     E2M1_MAX,
     E4M3_MAX,
     E5M2_MAX,
@@ -22,6 +21,7 @@ from .constants import (
     float_format_max,
     min_max_levels,
 )
+from .formats import BlockScales
 from .numerics import divide, zero_keeping_sign
 from .errors import TypeAndAttributeError, TypeAndValueError, ValueAndRuntimeError
 from .switches import (

@@ -29,11 +29,8 @@ FLOAT_FORMAT_MAX: Dict[Tuple[int, ...], float] = {fmt: value for fmt, (value, _)
 #: (exponent_bits, mantissa_bits) of the formats fake_quantize_fp8 takes (FP8 and FP6)
 #: -> largest finite value.
 FP8_FORMATS: Dict[Tuple[int, ...], float] = {fmt: value for fmt, value in FLOAT_FORMAT_MAX.items() if sum(fmt) >= 5}
-#: block_sizes["scale_bits"] (Model Optimizer's spelling) -> the block scales it names: E4M3
-#: under a per-tensor scale (NVFP4), E8M0 powers of two (the OCP microscaling formats), or
-#: float16 as llama.cpp's Q8_0 and Q4_0 blocks compute them (num_bits 8 or 4; fakequant.ops.ggml).
-BLOCK_SCALE_BITS: Dict[Tuple[int, int], str] = {(4, 3): "e4m3", (8, 0): "e8m0", (5, 10): "fp16"}
-#: num_bits -> the llama.cpp (GGML) block type that float16 block scales (scale_bits (5, 10)) name.
+#: num_bits -> the llama.cpp (GGML) block type that llama.cpp's float16 block scales name
+#: (``formats.BlockScales.GGML``; the block-scale formats are named in formats.py).
 GGML_BLOCK_TYPES: Dict[int, str] = {8: "Q8_0", 4: "Q4_0"}
 #: (num_bits, exponent_bits) of the block-wise float elements -> largest finite value.
 BLOCK_FLOAT_FORMATS: Dict[Tuple[int, int], float] = {(1 + e + m, e): value for (e, m), value in FLOAT_FORMAT_MAX.items()}

@@ -1,31 +1,32 @@
 """The numeric paths of a :class:`~fakequant.nn.TensorQuantizer`, one small object each.
 
-A quantizer holds two of them, chosen from its :class:`~fakequant.tensor_quant.QuantSpec`
-when it is built (and again when the spec changes): a *path*, which says where amax
-comes from and which operator runs, and a *value rule*, which turns a tensor and its
-amax into the output. They hold no state of their own. A value rule reads the spec
-only, and returns the output with the scale of real quantization (None otherwise),
-which the quantizer keeps as pytorch-quantization's ``scale``; a path reads the
-quantizer's spec (``q.spec``), its ``amax`` and ``clip``, and calls its methods that
-compute amax.
+The quantizer computes, the paths transform. A quantizer holds two of them, chosen from its
+:class:`~fakequant.tensor_quant.QuantSpec` when it is built (and again when the spec changes):
+a *path*, which turns the input and the amax the quantizer computed for it into the output,
+and a *value rule*, which turns a tensor and its amax into the output with the scale of real
+quantization (None otherwise), which the quantizer keeps as pytorch-quantization's ``scale``.
+They hold no state, and call nothing of the quantizer's: a path says which amax it needs
+(``needs``), the quantizer computes it (``TensorQuantizer._path_amax``: from its buffer, its
+clip stage or the input) and calls ``path(spec, inputs, amax, values, check_values)``, which
+returns ``(outputs, scale or None)``.
 
 Paths: :data:`AMAX` (one amax per tensor or per channel: calibrated, given or
-dynamic), :data:`LEARNED` (the clip stage's learned range, LSQ gradient),
-:data:`DYNAMIC_BLOCKS` (block-wise amax of each input, one pass of
-``fake_quantize_blockwise``), :data:`STATIC_BLOCKS` (any block layout, amax per
-block calibrated or computed). Value rules: :data:`FAKE_INTEGER`
-(``fake_quantize_amax``), :data:`TORCH_NATIVE` (torch's
-``fake_quantize_per_*_affine``, with ``TensorQuantizer.use_fb_fake_quant``),
-:data:`FP8` (``scaled_e4m3``), :data:`REAL` (``tensor_quant``: integers and
-``scale``).
+dynamic), :data:`LEARNED` (the clip stage's learned range), :data:`DYNAMIC_BLOCKS`
+(block-wise amax of each input, one pass of ``fake_quantize_blockwise``),
+:data:`STATIC_BLOCKS` (any block layout, amax per block calibrated or computed). Value
+rules: :data:`FAKE_INTEGER` (``fake_quantize_amax``), :data:`TORCH_NATIVE` (torch's
+``fake_quantize_per_*_affine``, with ``TensorQuantizer.use_fb_fake_quant``), :data:`LSQ`
+(``fake_quantize_lsq``: the learned range with LSQ's gradient, ``TensorQuantizer.learn_amax_method``),
+:data:`FP8` (``scaled_e4m3``), :data:`REAL` (``tensor_quant``: integers and ``scale``).
 """
 import torch
 
-from .. import _core, ops
+from .. import _core, ops, reference
 from ..tensor_quant import scale_in_input_dtype
+from ._input_amax import blocked_view
 
-__all__ = ["AMAX", "LEARNED", "DYNAMIC_BLOCKS", "STATIC_BLOCKS", "FAKE_INTEGER", "TORCH_NATIVE", "FP8", "REAL",
-           "choose_path", "choose_values"]
+__all__ = ["AMAX", "LEARNED", "DYNAMIC_BLOCKS", "STATIC_BLOCKS", "FAKE_INTEGER", "TORCH_NATIVE", "LSQ", "FP8",
+           "REAL", "choose_path", "choose_values"]
 
 
 # --- value rules: (spec, inputs, amax, check_values) -> (outputs, scale or None) -------------
@@ -70,6 +71,20 @@ class _TorchNative:
         return outputs, None
 
 
+class _LSQ:
+    """``fake_quantize_lsq`` on the quantizer's integer range, the scale from the learned
+    range's amax (not detached: LSQ's gradient for amax)."""
+
+    def __call__(self, spec, inputs, amax, check_values=True):
+        qmin, qmax = _core.amax_range(spec.num_bits, spec.unsigned, spec.narrow_range)
+        # The tiny-amax rule (docs/design.md): an amax <= AMAX_EPSILON quantizes to +0, as
+        # the amax operator does. Scale 1 does that to the clipped inputs (|x| <= amax < 1/2
+        # round to 0, and their gradient passes) and leaves the range the clip stage's
+        # gradient only. (Divided by a tensor: the IEEE quotient the operator computes.)
+        scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), _core.divide(amax, qmax))
+        return ops.fake_quantize_lsq(inputs, scale, 0, None, qmin, qmax), None
+
+
 class _FP8:
     """``scaled_e4m3`` (``fake_quantize_fp8``) with the quantizer's (E, M) format."""
 
@@ -87,94 +102,74 @@ class _Real:
         return outputs, scale_in_input_dtype(scale, inputs, amax)
 
 
-FAKE_INTEGER, TORCH_NATIVE, FP8, REAL = _FakeInteger(), _TorchNative(), _FP8(), _Real()
+FAKE_INTEGER, TORCH_NATIVE, LSQ, FP8, REAL = _FakeInteger(), _TorchNative(), _LSQ(), _FP8(), _Real()
 
 
 def choose_values(spec):
-    """The value rule of a quantizer's spec (torch's own operators are chosen per
-    call, by the class-wide ``use_fb_fake_quant`` switch)."""
+    """The value rule of a quantizer's spec (torch's own operators and LSQ are chosen per
+    call, by the class-wide ``use_fb_fake_quant`` and ``learn_amax_method`` switches)."""
     if isinstance(spec.num_bits, tuple):
         return FP8
     return FAKE_INTEGER if spec.fake_quant else REAL
 
 
-# --- paths: (quantizer, inputs) -> outputs --------------------------------------------------
+# --- paths: (spec, inputs, amax, values, check_values) -> (outputs, scale or None) ----------
+#
+# ``needs`` names the amax the quantizer computes for the path (TensorQuantizer._path_amax).
 
 
 class _Amax:
-    """One amax per tensor or per channel (``axis``): the ``_amax`` buffer, or each input's."""
+    """One amax per tensor or per channel (``axis``): the value rule on the input."""
 
-    def __call__(self, q, inputs):
-        return q._quantize(inputs, q._get_amax(inputs), check_values=not q._computes_amax())
+    needs = "axis"  # the ``_amax`` buffer or each input's, per tensor or along ``axis``, times scale_amax
+
+    def __call__(self, spec, inputs, amax, values, check_values):
+        return values(spec, inputs, amax, check_values)
 
 
 class _Learned:
-    """The learned range of the clip stage (``learn_amax``), with LSQ's gradient for amax
-    (``TensorQuantizer.learn_amax_method``)."""
+    """The learned range of the clip stage (``learn_amax``): the value rule (LSQ while it
+    learns) on the clipped input."""
 
-    def __call__(self, q, inputs):
-        inputs = q.clip(inputs)
-        clip_min, clip_max = q.clip.bounds()
-        neg_min = -clip_min
-        # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
-        amax = torch.where(neg_min > clip_max, neg_min, clip_max)
-        spec = q.spec
-        if (type(q).learn_amax_method != "lsq" or choose_values(spec) is not FAKE_INTEGER
-                or not torch.is_grad_enabled() or torch.onnx.is_in_onnx_export()):
-            # (no gradient to compute: the amax operator, which exports with a constant scale)
-            return q._quantize(inputs, amax.detach())
-        qmin, qmax = _core.amax_range(spec.num_bits, spec.unsigned, spec.narrow_range)
-        # The tiny-amax rule (docs/design.md): an amax <= AMAX_EPSILON quantizes to +0, as
-        # the amax operator does. Scale 1 does that to the clipped inputs (|x| <= amax < 1/2
-        # round to 0, and their gradient passes) and leaves the range the clip stage's
-        # gradient only. (Divided by a tensor: the IEEE quotient the operator computes.)
-        scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), _core.divide(amax, qmax))
-        return ops.fake_quantize_lsq(inputs, scale, 0, None, qmin, qmax)
+    needs = "clip"  # the input clipped to the learned range, amax the larger magnitude of its bounds
+
+    def __call__(self, spec, inputs, amax, values, check_values):
+        return values(spec, inputs, amax, check_values)
 
 
 class _DynamicBlocks:
     """Dynamic blocks along one axis: ``fake_quantize_blockwise`` in one pass (integer or
-    (E, M) elements; E4M3 block scales under a per-tensor one with ``scale_bits=(4, 3)``,
-    E8M0 power-of-two ones with ``scale_bits=(8, 0)``); llama.cpp's Q8_0 / Q4_0 blocks,
-    ``fake_quantize_ggml``, with ``scale_bits=(5, 10)``)."""
+    (E, M) elements; E4M3 block scales under a per-tensor one with ``BlockScales.E4M3``,
+    E8M0 power-of-two ones with ``BlockScales.E8M0``); llama.cpp's Q8_0 / Q4_0 blocks,
+    ``fake_quantize_ggml``, with ``BlockScales.GGML`` (the spec's ``scale_format``). The
+    operators compute the block amax; ``amax`` is the per-tensor one of E4M3 block scales."""
 
-    def __call__(self, q, inputs):
-        spec = q.spec
+    needs = "tensor"  # E4M3 block scales: the per-tensor amax (calibrated, or each input's); else None
+
+    def __call__(self, spec, inputs, amax, values, check_values):
         axis, block_size = spec.kernel_block
         if block_size is None:  # the whole axis: one amax per row (per token)
             block_size = max(inputs.size(axis) if inputs.dim() else 1, 1)
-        if spec.scale_bits == (5, 10):  # llama.cpp's Q8_0 / Q4_0 blocks (the GGUF presets)
-            return ops.fake_quantize_ggml(inputs, block_size, spec.num_bits, axis=axis)
-        if isinstance(spec.num_bits, tuple):  # (E, M) elements: 1 + E + M bits
-            e, m = spec.num_bits
-            num_bits, exponent_bits = 1 + e + m, e
-        else:
-            num_bits, exponent_bits = spec.num_bits, 0
-        scale_amax, computed = None, False
-        e8m0 = spec.scale_bits == (8, 0)  # the MX formats: power-of-two block scales, nothing calibrated
-        if spec.scales_need_amax:
-            # The per-tensor amax the E4M3 block scales are relative to: calibrated, or this input's.
-            amax = q.amax
-            if amax is not None and amax.numel() == 1:
-                scale_amax = amax.detach().reshape(()).to(inputs.device)
-            else:
-                scale_amax, computed = q._tensor_amax(inputs), True
+        scale_format = spec.scale_format
+        if scale_format is _core.BlockScales.GGML:  # llama.cpp's Q8_0 / Q4_0 blocks (the GGUF presets)
+            return ops.fake_quantize_ggml(inputs, block_size, spec.num_bits, axis=axis), None
+        num_bits, exponent_bits = reference.block_element(spec.num_bits)  # (E, M) elements: 1 + E + M bits
         return ops.fake_quantize_blockwise(inputs, block_size, num_bits, spec.unsigned, spec.narrow_range,
-                                           exponent_bits, scale_amax, axis=axis, check_values=not computed,
-                                           e8m0_scale=e8m0, centered=spec.centered)
+                                           exponent_bits, amax, axis=axis, check_values=check_values,
+                                           e8m0_scale=scale_format is _core.BlockScales.E8M0,
+                                           centered=spec.centered), None
 
 
 class _StaticBlocks:
-    """Any block layout (``block_sizes``): the input viewed as blocks, one amax per block
-    (calibrated, or each input's when dynamic), quantized by the value rule."""
+    """Any block layout (``block_sizes``): the input viewed as blocks, quantized by the value
+    rule with one amax per block."""
 
-    def __call__(self, q, inputs):
-        blocked, inner = q._blocked_view(inputs)
-        amax = q._block_amax(blocked, inner)
-        scale_amax = q.spec.scale_amax
-        if scale_amax is not None:
-            amax = amax * scale_amax
-        return q._quantize(blocked, amax, check_values=not q._computes_amax()).reshape(inputs.shape)
+    needs = "blocks"  # one amax per block of the blocked view (calibrated, or each input's), times scale_amax
+
+    def __call__(self, spec, inputs, amax, values, check_values):
+        blocked, _ = blocked_view(spec, inputs)
+        outputs, scale = values(spec, blocked, amax, check_values)
+        return outputs.reshape(inputs.shape), scale
 
 
 AMAX, LEARNED, DYNAMIC_BLOCKS, STATIC_BLOCKS = _Amax(), _Learned(), _DynamicBlocks(), _StaticBlocks()

@@ -192,6 +192,12 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         return self._spec.scale_bits
 
     @property
+    def scale_format(self) -> Optional[_core.BlockScales]:
+        """The format ``scale_bits`` names (``fakequant._core.BlockScales``: ``E4M3``, ``E8M0``,
+        ``GGML``), decided once when the spec is built; None without block scales."""
+        return self._spec.scale_format
+
+    @property
     def centered(self) -> bool:
         """Whether dynamic blocks are quantized about their centre (a ``"max_min"`` bias)."""
         return self._spec.centered
@@ -235,7 +241,6 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
     def enable_quant(self) -> None:
         self._if_quant = True
 
-    # -- amax ------------------------------------------------------------------------
     # -- amax of the input (nn/_input_amax.py) --------------------------------------------
     def _computes_amax(self) -> bool:
         """Whether amax is computed from each input (no ``_amax`` yet, or ``dynamic``). Such
@@ -254,7 +259,7 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
                 # amax set on another device than the module was moved to (module.to()
                 # moves it for good; the forward leaves the buffer as it is).
                 amax = amax.to(inputs.device)
-            amax = self._broadcastable(amax, inputs)
+            amax = _input_amax.broadcastable(self._spec, amax, inputs)
         if amax.requires_grad:
             # (only then: an exported graph would carry an Identity per detach,
             # which ONNX's converter cannot take below opset 16)
@@ -263,26 +268,43 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
             amax = amax * self._spec.scale_amax
         return amax
 
-    _tensor_amax = staticmethod(_input_amax.tensor_amax)
-
-    def _broadcastable(self, amax: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        return _input_amax.broadcastable(self._spec, amax, inputs)
-
-    def _blocked_view(self, inputs: torch.Tensor) -> Tuple[torch.Tensor, List[int]]:
-        return _input_amax.blocked_view(self._spec, inputs)
-
-    def _block_amax(self, blocked: torch.Tensor, inner: List[int]) -> torch.Tensor:
-        """The amax of each block: the buffer's, or computed from ``blocked`` when dynamic."""
+    def _block_amax(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The amax of each block of ``inputs`` (shaped for their blocked view): the buffer's,
+        or computed from ``inputs`` when dynamic."""
         if self._computes_amax():
-            return _input_amax.block_amax(blocked, inner)
+            return _input_amax.block_amax(*_input_amax.blocked_view(self._spec, inputs))
         amax = self._buffers.get("_amax")
         assert amax is not None  # (not _computes_amax(): the buffer is set)
-        amax = amax.to(blocked.device) if amax.device != blocked.device else amax
+        amax = amax.to(inputs.device) if amax.device != inputs.device else amax
         return amax.detach() if amax.requires_grad else amax
 
-    def _kernel_block(self) -> Optional[Tuple[int, Optional[int]]]:
-        """``QuantSpec.kernel_block``: the one axis of dynamic blocks and their size, or None."""
-        return self._spec.kernel_block
+    def _path_amax(self, inputs: torch.Tensor, values: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor], bool]:
+        """``(inputs, amax, check_values)`` for this quantizer's path: the amax it ``needs``
+        (nn/_schemes.py), computed here from the buffer, the clip stage or the input;
+        ``check_values=False`` for an amax computed from the input."""
+        needs = self._path.needs
+        if needs == "clip":  # the learned range
+            inputs = self.clip(inputs)
+            clip_min, clip_max = self.clip.bounds()
+            neg_min = -clip_min
+            # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
+            amax = torch.where(neg_min > clip_max, neg_min, clip_max)
+            # (LSQ learns amax by its gradient; otherwise the amax operator, which exports with a constant scale)
+            return inputs, amax if values is _schemes.LSQ else amax.detach(), True
+        if needs == "tensor":  # dynamic blocks: the per-tensor amax of E4M3 block scales
+            if not self._spec.scales_need_amax:
+                return inputs, None, True
+            calibrated = self.amax
+            if calibrated is not None and calibrated.numel() == 1:
+                return inputs, calibrated.detach().reshape(()).to(inputs.device), True
+            return inputs, _input_amax.tensor_amax(inputs), False
+        if needs == "blocks":  # static blocks: one amax per block
+            amax = self._block_amax(inputs)
+            scale_amax = self._spec.scale_amax
+            if scale_amax is not None:
+                amax = amax * scale_amax
+            return inputs, amax, not self._computes_amax()
+        return inputs, self._get_amax(inputs), not self._computes_amax()
 
     # -- forward ------------------------------------------------------------------------
     def _configure(self) -> None:
@@ -290,21 +312,28 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         self._values = _schemes.choose_values(self._spec)
         self._path = _schemes.choose_path(self._spec)
 
-    def _quantize(self, inputs: torch.Tensor, amax: torch.Tensor, check_values: bool = True) -> torch.Tensor:
-        """``inputs`` quantized with ``amax`` by the value rule (torch's own operators
-        with ``TensorQuantizer.use_fb_fake_quant``, except while exporting);
-        ``check_values=False`` for an amax computed from ``inputs``."""
+    def _values_now(self) -> Any:
+        """The value rule of this call: LSQ while a learned range learns
+        (``learn_amax_method``), torch's own operators with ``TensorQuantizer.use_fb_fake_quant``
+        (except while exporting), else the configuration's."""
         values = self._values
-        if (values is _schemes.FAKE_INTEGER and TensorQuantizer._use_fb_fake_quant
-                and not (self._export_mode() or torch.onnx.is_in_onnx_export())):
-            values = _schemes.TORCH_NATIVE
-        outputs, scale = values(self._spec, inputs, amax, check_values)
+        if values is _schemes.FAKE_INTEGER:
+            if (self._spec.learn_amax and type(self).learn_amax_method == "lsq" and torch.is_grad_enabled()
+                    and not torch.onnx.is_in_onnx_export()):
+                return _schemes.LSQ
+            if TensorQuantizer._use_fb_fake_quant and not (self._export_mode() or torch.onnx.is_in_onnx_export()):
+                return _schemes.TORCH_NATIVE
+        return values
+
+    def _quant_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The quantizer computes (the value rule of this call, the amax its path needs), the
+        path transforms (nn/_schemes.py); a real quantization's scale is kept as ``scale``."""
+        values = self._values_now()
+        inputs, amax, check_values = self._path_amax(inputs, values)
+        outputs, scale = self._path(self._spec, inputs, amax, values, check_values)
         if scale is not None:  # (real quantization: pytorch-quantization's ``scale``)
             self._scale = scale
         return outputs
-
-    def _quant_forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self._path(self, inputs)
 
     def _collect(self, inputs: torch.Tensor) -> None:
         # Static blocks collect one amax per block. Dynamic blocks along one axis compute
@@ -313,8 +342,8 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         # (``scale_bits``), so they collect per tensor.
         if self._calibrator is None:
             raise RuntimeError("calibration is on but this quantizer has no calibrator")
-        if self._spec.block_sizes is not None and not (self._spec.dynamic and self._kernel_block() is not None):
-            blocked, inner = self._blocked_view(inputs.detach())
+        if self._spec.block_sizes is not None and not (self._spec.dynamic and self._spec.kernel_block is not None):
+            blocked, inner = _input_amax.blocked_view(self._spec, inputs.detach())
             # one amax per block: every axis but the within-block ones is kept
             # (a MaxCalibrator: the descriptor refuses block_sizes with calib_method='histogram')
             cast(MaxCalibrator, self._calibrator).collect(blocked, kept_axes=tuple(d for d in range(blocked.dim()) if d not in inner))
@@ -395,12 +424,12 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         state.pop("_values", None)
         state.pop("_path", None)
         spec = state.pop("_spec")
-        state.update({f"_{f.name}": getattr(spec, f.name) for f in dataclasses.fields(spec)})
+        state.update({f"_{name}": getattr(spec, name) for name in QuantSpec.arguments()})
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         state = dict(state)
-        fields = {f.name: state.pop(f"_{f.name}", f.default) for f in dataclasses.fields(QuantSpec)}
+        fields = {f.name: state.pop(f"_{f.name}", f.default) for f in dataclasses.fields(QuantSpec) if f.init}
         super().__setstate__(state)
         self._spec = QuantSpec(**fields)
         self._configure()
@@ -419,5 +448,5 @@ def _spec_field(name: str) -> property:
 
 # pytorch-quantization's private names of the configuration (``q._num_bits``, ...), which
 # scripts read: views of the spec. (Pickles hold them too: see __getstate__.)
-for _field in dataclasses.fields(QuantSpec):
-    setattr(TensorQuantizer, f"_{_field.name}", _spec_field(_field.name))
+for _name in QuantSpec.arguments():
+    setattr(TensorQuantizer, f"_{_name}", _spec_field(_name))

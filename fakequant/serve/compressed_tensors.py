@@ -7,13 +7,15 @@ The layout is the one ``model.save_pretrained`` writes (safetensors shards, ``co
 (``QuantizationArgs``, ``QuantizationScheme``, ``QuantizationConfig``), choose each
 layer's storage format (``infer_module_format``), pack the codes (``pack_to_int32``,
 ``pack_fp4_to_uint8``) and write the configuration (``ModelCompressor.update_config``).
-The codes and scales are computed here, from each weight quantizer's output: the scale of
-the quantizer's rule (written below per format), the codes ``output / scale``, and then
-the format's dequantization of what is written is checked against the quantizer's output,
-bit for bit, before anything is written (docs/serving.md).
+The codes and scales are asked of the rule the quantizer computes with
+(``fakequant.reference``: ``block_scales`` from amax to scales, per format, and
+``element_codes``): the scales from the quantizer's amax, the codes from the quantizer's
+output divided by them (on the element grid already: the rule's codes of the weight), and
+then the format's dequantization of what is written is checked against the quantizer's
+output, bit for bit, before anything is written (docs/serving.md).
 
 Each quantizer is read through its public properties (``num_bits``, ``axis``,
-``block_sizes``, ``scale_bits``, ``amax``, ...); one the format cannot describe raises a
+``block_sizes``, ``scale_format``, ``amax``, ...); one the format cannot describe raises a
 ValueError naming the quantizer and why, before anything is written.
 """
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from .. import _core, pretrained
+from .. import _core, pretrained, reference
+from .._core import BlockScales
 from .. import nn as quant_nn
 from ..nn.tensor_quantizer import TensorQuantizer
 
@@ -86,7 +89,7 @@ def _static_amax(q: TensorQuantizer) -> Optional[torch.Tensor]:
 
 
 def _tensor_amax_of_blocks(q: TensorQuantizer) -> Optional[torch.Tensor]:
-    """The per-tensor amax that E4M3 block scales are relative to (``scale_bits=(4, 3)``), when
+    """The per-tensor amax that E4M3 block scales are relative to (``BlockScales.E4M3``), when
     calibrated or set (dynamic blocks read it too); None when each input gives its own."""
     amax = q.amax
     return None if amax is None or amax.numel() != 1 else amax.detach().float().cpu().reshape(())
@@ -134,7 +137,7 @@ def _group_amax(where: str, q: TensorQuantizer, w: torch.Tensor, size: int) -> t
     static = _static_amax(q)
     if static is not None and static.numel() == out_f * (in_f // size):
         return static.reshape(out_f, in_f // size)
-    if static is not None and not (q.scale_bits == (4, 3) and static.numel() == 1):
+    if static is not None and not (q.scale_format is BlockScales.E4M3 and static.numel() == 1):
         raise _refuse(where, f"a static block amax of shape {tuple(static.shape)}")
     return w.reshape(out_f, in_f // size, size).abs().amax(dim=-1)
 
@@ -150,17 +153,6 @@ def _divide_out(y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """y / scale where the scale is not 0 (its codes are 0 there, keeping y's sign)."""
     s = _expand(scale, y)
     return torch.where(s == 0, y, y / torch.where(s == 0, torch.ones_like(s), s))
-
-
-def _e2m1_values() -> torch.Tensor:
-    # the non-negative E2M1 values in code order (its subnormal 0.5, then 1 .. 6)
-    return torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def _nearest_on_grid(codes: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-    """codes (within an ulp of values of the grid) moved onto the nearest of them, signs kept."""
-    nearest = grid[(codes.abs().unsqueeze(-1) - grid).abs().argmin(-1)]
-    return torch.copysign(nearest, codes)
 
 
 def _search_global_scale(g: torch.Tensor, block_codes: torch.Tensor, codes: torch.Tensor,
@@ -212,49 +204,47 @@ def _weight_plan(where: str, q: Any, weight: torch.Tensor
         raise _refuse(where, "one block per row (block_sizes {-1: None}): use axis=0 for per-channel weights")
     tensors: Dict[str, torch.Tensor] = {}
 
-    if isinstance(fmt, int) or fmt == _E4M3 and q.scale_bits is None:
+    num_bits, exponent_bits = reference.block_element(fmt)
+
+    def codes_of(scale: torch.Tensor) -> torch.Tensor:
+        # the rule's codes of the quantizer's output (y / s is within an ulp of a code; where s
+        # is 0, a degenerate block, y is)
+        return reference.element_codes(_divide_out(y, scale), num_bits, False, q.narrow_range, exponent_bits)[0]
+
+    if isinstance(fmt, int) or fmt == _E4M3 and q.scale_format is None:
         # one level: s = fp32(amax) / bound (int: 2^(b-1) - 1, E4M3: 448); amax <= 2^-24 gives 0
         bits = fmt if isinstance(fmt, int) else 0
         is_int = bits > 0
         if is_int and not 2 <= bits <= 8:
             raise _refuse(where, f"num_bits={fmt}: the format stores integers of 2 to 8 bits")
-        if q.scale_bits is not None:
+        if q.scale_format is not None:
             raise _refuse(where, f"integer elements with scale_bits={q.scale_bits}")
-        bound = float(_core.amax_bound(bits)) if is_int else _core.float_format_max(_E4M3)
         if size is None:
             amax, strategy = _per_row_or_tensor_amax(where, q, w)
             args: Dict[str, Any] = {"strategy": strategy}
         else:
             amax = _group_amax(where, q, w, size)
             args = {"strategy": "group", "group_size": size}
-        scale = _core.divide(amax, bound)
-        scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(scale), scale)
-        codes = _divide_out(y, scale)
-        if is_int:  # (y / s is within an ulp of the integer; the check below compares what is written)
-            codes = (codes.round() + 0.0).clamp(-128, 127).to(torch.int8)
-            stored = codes
-        else:
-            stored = codes.to(torch.float8_e4m3fn)
+        scale = reference.block_scales(amax, num_bits, False, exponent_bits).scale
+        codes = codes_of(scale)
+        stored = codes.to(torch.int8) if is_int else codes.to(torch.float8_e4m3fn)
         args.update(num_bits=bits if is_int else 8, type="int" if is_int else "float", symmetric=True,
                     dynamic=False)
         tensors["weight"], tensors["weight_scale"] = stored, scale
         dequant = stored.float() * _expand(scale, w)
         return args, tensors, dequant, target
 
-    if fmt not in (_E2M1, _E4M3) or q.scale_bits not in ((4, 3), (8, 0)):
+    if fmt not in (_E2M1, _E4M3) or q.scale_format not in (BlockScales.E4M3, BlockScales.E8M0):
         raise _refuse(where, f"num_bits={fmt} with scale_bits={q.scale_bits}: the format has E4M3 and E2M1 "
                              "elements (FP8, NVFP4, MXFP4, MXFP8)")
-    if q.scale_bits == (8, 0):
+    if q.scale_format is BlockScales.E8M0:
         # MX: s = 2^clamp(floor(log2 amax) - emax, -127, 127), stored as the biased exponent
         if size != _MX_BLOCK:
             raise _refuse(where, f"MX blocks of {size}: the format's MX groups are {_MX_BLOCK}")
         amax = _group_amax(where, q, w, size)
-        emax = _core.FLOAT_FORMATS[fmt][1]
-        _, e = torch.frexp(amax)
-        k = (torch.where(amax > 0, e - 1, torch.full_like(e, -1000)) - emax).clamp(-127, 127)
-        scale = torch.ldexp(torch.ones_like(amax), k)
-        codes = _divide_out(y, scale)
-        tensors["weight_scale"] = (k + 127).to(torch.uint8)
+        scale, _, tensors["weight_scale"], _ = reference.block_scales(amax, num_bits, False, exponent_bits,
+                                                                      BlockScales.E8M0)
+        codes = codes_of(scale)
         args = {"strategy": "group", "group_size": size, "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}
         effective = scale
     else:
@@ -265,16 +255,13 @@ def _weight_plan(where: str, q: Any, weight: torch.Tensor
         amax = _group_amax(where, q, w, size)
         scale_amax = _tensor_amax_of_blocks(q)
         scale_amax = w.abs().amax() if scale_amax is None else scale_amax
-        elem_max = _core.float_format_max(_E2M1)
-        g = _core.divide(scale_amax, elem_max * _core.float_format_max(_E4M3))
-        block_codes = (_core.divide(amax, elem_max) / g).clamp(
-            -_core.float_format_max(_E4M3), _core.float_format_max(_E4M3)).to(torch.float8_e4m3fn)
-        scale = block_codes.float() * g
-        degenerate = (amax <= _core.AMAX_EPSILON) | (g <= 0)
+        scale, degenerate, block_codes, g = reference.block_scales(amax, num_bits, False, exponent_bits,
+                                                                   BlockScales.E4M3, scale_amax)
+        assert g is not None  # (two levels)
         scale = torch.where(degenerate, torch.zeros_like(scale), scale)
-        codes = _nearest_on_grid(_divide_out(y, scale), _e2m1_values())
-        tensors["weight_scale"] = torch.where(degenerate, torch.zeros_like(block_codes.float()),
-                                              block_codes.float()).to(torch.float8_e4m3fn)
+        codes = codes_of(scale)
+        tensors["weight_scale"] = torch.where(degenerate, torch.zeros_like(block_codes),
+                                              block_codes).to(torch.float8_e4m3fn)
         global_scale = _search_global_scale(g, tensors["weight_scale"], codes, target)
         if global_scale is None:
             raise _refuse(where, f"no float32 global scale G makes the format's block scales (E4M3 code / G) "
@@ -286,7 +273,6 @@ def _weight_plan(where: str, q: Any, weight: torch.Tensor
                 "zp_dtype": "torch.float8_e4m3fn"}
         effective = tensors["weight_scale"].float() / global_scale
     if fmt == _E2M1:
-        codes = _nearest_on_grid(codes, _e2m1_values())
         tensors["weight"] = codes  # E2M1 values, packed when the format is chosen
         dequant = codes * _expand(effective, w)
     else:
@@ -330,7 +316,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
         raise _refuse(where, f"num_bits={fmt}: the format's float activations are E4M3 and E2M1")
     base = {"num_bits": bits if is_int else (4 if fmt == _E2M1 else 8), "type": "int" if is_int else "float",
             "symmetric": True}
-    if q.scale_bits is None and (is_int or fmt == _E4M3):
+    if q.scale_format is None and (is_int or fmt == _E4M3):
         if block == (True, None) and q.dynamic:
             return {**base, "strategy": "token", "dynamic": True}, {}
         if block is None and q.axis is None:
@@ -340,12 +326,11 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
             if static.numel() != 1:
                 raise _refuse(where, f"an amax of shape {tuple(static.shape)} with axis=None")
             bound = float(_core.amax_bound(bits)) if is_int else _core.float_format_max(_E4M3)
-            amax = static.reshape(1)
-            scale = torch.where(amax <= _core.AMAX_EPSILON, torch.ones_like(amax), _core.divide(amax, bound))
+            scale = reference.amax_scale(static.reshape(1), bound)
             return {**base, "strategy": "tensor", "dynamic": False}, {"input_scale": scale}
         raise _refuse(where, f"axis={q.axis!r}, block_sizes={q.block_sizes}: the format's activation scales are "
                              "per tensor or per token (block_sizes {-1: None}, dynamic)")
-    if q.scale_bits == (4, 3) and fmt == _E2M1 and block == (True, _NVFP4_BLOCK):
+    if q.scale_format is BlockScales.E4M3 and fmt == _E2M1 and block == (True, _NVFP4_BLOCK):
         tensor_amax = _tensor_amax_of_blocks(q)
         if tensor_amax is None:
             raise _refuse(where, "NVFP4 activations without a calibrated per-tensor amax: the format's global "
@@ -355,7 +340,7 @@ def _input_plan(where: str, q: TensorQuantizer) -> Tuple[Optional[Dict[str, Any]
         return ({**base, "strategy": "tensor_group", "dynamic": "local", "group_size": _NVFP4_BLOCK,
                  "scale_dtype": "torch.float8_e4m3fn", "zp_dtype": "torch.float8_e4m3fn"},
                 {"input_global_scale": global_scale})
-    if q.scale_bits == (8, 0) and block == (True, _MX_BLOCK):
+    if q.scale_format is BlockScales.E8M0 and block == (True, _MX_BLOCK):
         return ({**base, "strategy": "group", "dynamic": True, "group_size": _MX_BLOCK,
                  "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}, {})
     raise _refuse(where, f"num_bits={fmt}, block_sizes={q.block_sizes}, scale_bits={q.scale_bits}: no activation "

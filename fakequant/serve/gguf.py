@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .._core import GGML_BLOCK_TYPES
+from .._core import GGML_BLOCK_TYPES, BlockScales
 from ..nn import TensorQuantizer
 
 __all__ = ["export_gguf", "ARCHITECTURES"]
@@ -50,7 +50,7 @@ def _ggml_type(q: TensorQuantizer, role: str) -> Optional[str]:
     """The GGML block type ("Q8_0"/"Q4_0") that quantizer ``q`` of a Linear's ``role`` ("weight",
     "input") computes, from its public configuration; None if it computes something else."""
     axes = ({-1: BLOCK}, {1: BLOCK}) if role == "weight" else ({-1: BLOCK},)
-    if (q.scale_bits != (5, 10) or q.block_sizes not in axes or not q.dynamic or not q.fake_quant
+    if (q.scale_format is not BlockScales.GGML or q.block_sizes not in axes or not q.dynamic or not q.fake_quant
             or q.pre_quant_scale is not None or q.num_bits not in GGML_BLOCK_TYPES):
         return None
     assert isinstance(q.num_bits, int)  # (a key of GGML_BLOCK_TYPES)

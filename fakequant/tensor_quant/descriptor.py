@@ -130,13 +130,8 @@ def _normalize_block_sizes(block_sizes: Any) -> Optional[Dict[Union[int, str], A
                 )
             if key == "type" and value not in ("static", "dynamic"):
                 raise ValueError(f"block_sizes['type'] must be 'static' or 'dynamic', got {value!r}")
-            if key == "scale_bits" and value is not None:
-                value = tuple(value) if isinstance(value, (tuple, list)) else value
-                if value not in _core.BLOCK_SCALE_BITS:
-                    raise ValueError(f"block_sizes['scale_bits'] must be (4, 3) (E4M3 block scales under a "
-                                     f"per-tensor scale, NVFP4), (8, 0) (E8M0 power-of-two block scales, "
-                                     f"the MX formats) or (5, 10) (float16 block scales of llama.cpp's Q8_0 "
-                                     f"and Q4_0), got {value!r}")
+            if key == "scale_bits":
+                _core.BlockScales.of_scale_bits(value)  # (the one reading of the spelling: raises for others)
             out[key] = tuple(value) if isinstance(value, list) else value
         elif is_int(key):
             if value is not None and not (is_int(value) and value > 0):
@@ -287,13 +282,15 @@ class ScaledQuantDescriptor:
                 f"learn_amax=True learns one amax per tensor; amax must hold one value, got shape "
                 f"{tuple(amax.shape)}"
             )
+        scale_format = None if block_sizes is None else _core.BlockScales.of_scale_bits(block_sizes.get("scale_bits"))
         if num_bits == (2, 1) and (block_sizes is None or block_sizes.get("type") != "dynamic"):
             raise ValueError("num_bits=(2, 1) (FP4 E2M1) needs dynamic block-wise scales, e.g. "
-                             "block_sizes={-1: 16, 'type': 'dynamic', 'scale_bits': (4, 3)} (NVFP4)")
-        if block_sizes is not None and block_sizes.get("scale_bits") == (5, 10):
+                             f"block_sizes={{-1: 16, 'type': 'dynamic', 'scale_bits': {_core.BlockScales.E4M3.scale_bits}}} "
+                             "(NVFP4)")
+        if scale_format is _core.BlockScales.GGML:
             # llama.cpp's blocks (fakequant.ops.fake_quantize_ggml): its rule, its two types
             if num_bits not in _core.GGML_BLOCK_TYPES or unsigned or not fake_quant:
-                raise ValueError(f"block_sizes['scale_bits'] = (5, 10) (llama.cpp's float16 block scales) takes "
+                raise ValueError(f"block_sizes['scale_bits'] = {scale_format.scale_bits} (llama.cpp's float16 block scales) takes "
                                  f"num_bits 8 (Q8_0) or 4 (Q4_0), signed, fake_quant=True; got num_bits="
                                  f"{num_bits!r}, unsigned={unsigned}, fake_quant={fake_quant}")
         if block_sizes is not None:

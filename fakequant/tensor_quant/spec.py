@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional, Tuple, Union
 
-from .._core import check_bool, check_num_bits
+from .._core import BlockScales, check_bool, check_num_bits
 from .descriptor import ScaledQuantDescriptor
 
 __all__ = ["QuantSpec"]
@@ -20,8 +20,10 @@ class QuantSpec:
     change that way.
 
     ``block_sizes`` holds the int (axis) keys of the descriptor's only; ``dynamic`` is also
-    true for ``block_sizes["type"] == "dynamic"``; ``scale_bits`` is ``block_sizes["scale_bits"]``;
-    ``centered`` says the descriptor has a (dynamic ``max_min``) ``bias``.
+    true for ``block_sizes["type"] == "dynamic"``; ``scale_bits`` is ``block_sizes["scale_bits"]``
+    (the descriptor's spelling, kept as given: pickles hold it), and ``scale_format`` the format
+    it names, decided here once (``BlockScales.of_scale_bits``) and read by name everywhere
+    else; ``centered`` says the descriptor has a (dynamic ``max_min``) ``bias``.
     """
 
     num_bits: Union[int, Tuple[int, int]] = 8
@@ -35,11 +37,14 @@ class QuantSpec:
     centered: bool = False
     scale_amax: Optional[float] = None
     learn_amax: bool = False
+    #: The format of the block scales (``scale_bits`` read once); not an argument.
+    scale_format: Optional[BlockScales] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_bits", check_num_bits(self.num_bits))
         for name in ("unsigned", "narrow_range"):
             check_bool(getattr(self, name), name)
+        object.__setattr__(self, "scale_format", BlockScales.of_scale_bits(self.scale_bits))
         if self.scale_bits is not None and not (self.dynamic and self.kernel_block is not None):
             raise NotImplementedError("block_sizes['scale_bits'] needs dynamic blocks along one axis "
                                       "('type': 'dynamic', one axis with an int block size)")
@@ -74,7 +79,13 @@ class QuantSpec:
         """Whether the block scales are relative to a per-tensor amax (E4M3 block scales,
         NVFP4: calibrated, or each input's). E8M0 (MX) and llama.cpp's float16 block scales
         come from their blocks alone."""
-        return self.scale_bits is not None and self.scale_bits not in ((8, 0), (5, 10))
+        return self.scale_format is not None and self.scale_format.relative_to_tensor_amax
+
+    @classmethod
+    def arguments(cls) -> Tuple[str, ...]:
+        """The names of the fields that are arguments (all but ``scale_format``, which is derived):
+        what ``dataclasses.replace`` takes, and what a pickled quantizer holds."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
     @property
     def kernel_block(self) -> Optional[Tuple[int, Optional[int]]]:
