@@ -189,10 +189,13 @@ def check_metadata(reader, model, arch="llama"):
     assert eps == np.float32(cfg.rms_norm_eps)
 
 
+@pytest.mark.parametrize("float_type", ["auto", "f16"])
 @pytest.mark.parametrize("kind", TYPES)
-def test_export_is_the_qat_model_bit_for_bit(kind, tmp_path):
+def test_export_is_the_qat_model_bit_for_bit(kind, float_type, tmp_path):
+    """The default (float_type="auto") writes every tensor as trained, the embeddings and lm_head
+    included (F32 for this float32 model); "f16" rounds those to float16, as asked."""
     model = fakequant.quantize_model(tiny(), preset=PRESET_OF[kind])
-    path = export_gguf(model, tmp_path / "out")
+    path = export_gguf(model, tmp_path / "out", **({} if float_type == "auto" else {"float_type": float_type}))
     assert path == tmp_path / "out" / "model.gguf"
     reader, tensors = read_back(path, model)
     check_metadata(reader, model)
@@ -208,11 +211,35 @@ def test_export_is_the_qat_model_bit_for_bit(kind, tmp_path):
         with torch.no_grad():
             if ggml_type == kind:
                 assert bits_equal(values, module.weight_quantizer(module.weight)), name
-            elif ggml_type == "F16":
-                assert bits_equal(values, params[name].detach().half().float()), name
+            elif params[name].dim() == 2:  # the embeddings and lm_head
+                assert ggml_type == {"auto": "F32", "f16": "F16"}[float_type], name
+                expected = params[name].detach()
+                assert bits_equal(values, expected if float_type == "auto" else expected.half().float()), name
             else:
                 assert ggml_type == "F32" and params[name].dim() == 1, name
                 assert bits_equal(values, params[name].detach()), name
+
+
+@pytest.mark.parametrize("dtype, ggml_type, file_type", [(torch.bfloat16, "BF16", "MOSTLY_BF16"),
+                                                         (torch.float16, "F16", "MOSTLY_F16")])
+def test_default_keeps_the_models_float_type(dtype, ggml_type, file_type, tmp_path):
+    """float_type="auto" stores a bfloat16 / float16 model's float tensors in their own type
+    (exact, half of F32); the Q4_0 blocks dequantize to its fake-quantized weights in its dtype."""
+    float_model = tiny().to(dtype)
+    reader, tensors = read_back(export_gguf(float_model, tmp_path / "float.gguf"), float_model)
+    assert field(reader, gguf.Keys.General.FILE_TYPE) == gguf.LlamaFileType[file_type]
+    params = dict(float_model.named_parameters())
+    for name, (kind, values) in tensors.items():
+        assert kind == (ggml_type if params[name].dim() == 2 else "F32"), name
+        assert bits_equal(values.to(dtype), params[name].detach()), name
+    model = fakequant.quantize_model(tiny().to(dtype), preset="GGUF_Q4_0")
+    reader, tensors = read_back(export_gguf(model, tmp_path / "q4.gguf"), model)
+    assert field(reader, gguf.Keys.General.FILE_TYPE) == gguf.LlamaFileType.MOSTLY_Q4_0
+    for name, (kind, values) in tensors.items():
+        module = model.get_submodule(name.rpartition(".")[0])
+        with torch.no_grad():
+            expected = module.weight_quantizer(module.weight) if kind == "Q4_0" else dict(model.named_parameters())[name]
+        assert kind in ("Q4_0", ggml_type, "F32") and bits_equal(values.to(dtype), expected.detach()), name
 
 
 def test_f32_export_of_a_float_model_is_every_tensor(tmp_path):

@@ -3,7 +3,8 @@ loads it.
 
 Quantized Linear weights become the Q8_0 or Q4_0 blocks their quantizer trained on
 (``GGUF_Q8_0`` / ``GGUF_Q4_0``: :func:`fakequant.ops.fake_quantize_ggml`); every other tensor is
-written as F16 or F32. Tensor names and metadata keys are gguf's own (``gguf.TensorNameMap``,
+written in the model's own float type by default (F32, F16 or BF16: what was trained), or as F16
+or F32 on request. Tensor names and metadata keys are gguf's own (``gguf.TensorNameMap``,
 ``gguf.Keys`` through ``gguf.GGUFWriter``), blocks are made by ``gguf.quants.quantize``, and
 the export checks, tensor by tensor, that ``gguf.quants.dequantize`` of what it writes is the
 model's fake-quantized weight bit for bit. docs/serving_gguf.md has the mapping and the
@@ -33,7 +34,9 @@ ARCHITECTURES: Dict[str, Tuple[str, bool]] = {
     "qwen2": ("QWEN2", False),
 }
 
-FLOAT_TYPES = ("f16", "f32")
+FLOAT_TYPES = ("auto", "f16", "f32")
+#: float_type="auto": the GGML type that holds a tensor of each torch dtype exactly
+_EXACT_TYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 BLOCK = 32  # the block length of Q8_0 and Q4_0 (gguf.GGML_QUANT_SIZES)
 
 
@@ -156,7 +159,7 @@ def _vocab(gguf: Any, tokenizer: Any, n_vocab: int) -> Tuple[str, List[bytes], L
 
 
 def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], tokenizer: Any = None, *,
-                float_type: str = "f16", name: Optional[str] = None, tokenizer_pre: Optional[str] = None) -> pathlib.Path:
+                float_type: str = "auto", name: Optional[str] = None, tokenizer_pre: Optional[str] = None) -> pathlib.Path:
     """Writes ``model`` (a transformers ``LlamaForCausalLM``, ``MistralForCausalLM`` or
     ``Qwen2ForCausalLM``, float or quantized with ``GGUF_Q8_0`` / ``GGUF_Q4_0``) as one GGUF file.
 
@@ -171,8 +174,12 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
             ``tokenizer.json``), written with gguf's vocab classes. None writes the tokenizer model
             ``"none"`` with the vocabulary size: llama.cpp loads the file and runs token ids, but
             cannot tokenize text.
-        float_type: ``"f16"`` (default, as llama.cpp's converter) or ``"f32"``: the type of the
-            other 2-D tensors (embeddings, an unquantized ``lm_head``). Norms and biases are F32.
+        float_type: the type of the other 2-D tensors (embeddings, an unquantized ``lm_head``):
+            ``"auto"`` (default) the parameter's own, which holds what was trained exactly (F32
+            for float32, F16 for float16, BF16 for bfloat16; F32 for float64); ``"f16"`` (as
+            llama.cpp's converter; half the size of F32, but the model never saw that rounding:
+            llama.cpp's logits then differ from the trained model's) or ``"f32"``. Norms and
+            biases are F32.
         name: ``general.name``; default the config's ``_name_or_path`` when it has one.
         tokenizer_pre: ``tokenizer.ggml.pre`` for a BPE tokenizer (llama.cpp's pre-tokenizer name,
             e.g. ``"llama-bpe"``, ``"qwen2"``); default ``"default"``.
@@ -245,8 +252,15 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
                 kinds.add(kind)
                 continue
         array = data.numpy()
-        if float_type == "f16" and array.ndim > 1:
-            array = array.astype(np.float16)
+        if array.ndim > 1:
+            ftype = _EXACT_TYPE.get(param.dtype, "F32") if float_type == "auto" else float_type.upper()
+            kinds.add(ftype)
+            if ftype == "BF16":  # (exact: the values are bfloat16's)
+                tensors.append((gname, gguf.quants.quantize(array, gguf.GGMLQuantizationType.BF16),
+                                gguf.GGMLQuantizationType.BF16))
+                continue
+            if ftype == "F16":
+                array = array.astype(np.float16)
         tensors.append((gname, np.ascontiguousarray(array), None))
 
     vocab = None if tokenizer is None else _vocab(gguf, tokenizer, n_vocab)
@@ -255,8 +269,12 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
         file_type = gguf.LlamaFileType.MOSTLY_Q4_0
     elif "Q8_0" in kinds:
         file_type = gguf.LlamaFileType.MOSTLY_Q8_0
+    elif "BF16" in kinds:
+        file_type = gguf.LlamaFileType.MOSTLY_BF16
+    elif "F16" in kinds:
+        file_type = gguf.LlamaFileType.MOSTLY_F16
     else:
-        file_type = gguf.LlamaFileType.MOSTLY_F16 if float_type == "f16" else gguf.LlamaFileType.ALL_F32
+        file_type = gguf.LlamaFileType.ALL_F32
 
     target = pathlib.Path(path)
     if target.suffix != ".gguf":
