@@ -326,3 +326,74 @@ def test_tokenizer_is_written(tmp_path):
     assert field(reader, K.TOKEN_TYPE)[-1] == gguf.TokenType.UNUSED
     assert field(reader, K.BOS_ID) == vocab["<s>"] and field(reader, K.EOS_ID) == vocab["</s>"]
     assert len(field(reader, K.MERGES)) > 0
+
+
+def sentencepiece_style_tokenizer(vocab_size=600):
+    """A Llama tokenizer as transformers has one converted from a SentencePiece BPE model
+    (tokenizer.json: BPE with byte fallback, ``<unk>``, ``<s>``, ``</s>``, the 256 byte tokens,
+    then the pieces; the merges are every pair of pieces that makes a piece, ordered by the piece
+    made, by transformers' own ``generate_merges``), the pieces learnt by tokenizers' BPE trainer
+    from words with shared parts, digits, punctuation and non-ASCII letters."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers.tokenization_utils_base import generate_merges
+    rng = np.random.default_rng(0)
+    parts = ["na", "me", "es", "am", "s", "ti", "on", "re", "in", "er", "an", "de", "ar", "st", "ou", "el", "é",
+             "ü", "ß", "lo", "ka", "4", "2", ",", "."]
+    words = ["".join(rng.choice(parts, rng.integers(1, 5))) for _ in range(3000)]
+    corpus = [" ".join(words[i:i + 12]) for i in range(0, len(words), 12)]
+    trainer = tokenizers.Tokenizer(tokenizers.models.BPE(byte_fallback=True))
+    trainer.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    trainer.train_from_iterator(corpus, tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece, _ in sorted(trainer.get_vocab().items(), key=lambda item: item[1]):
+        vocab.setdefault(piece, len(vocab))
+    return transformers.LlamaTokenizer(vocab=vocab, merges=generate_merges(vocab), add_bos_token=True)
+
+
+def test_llama_tokenizer_is_written_with_its_merges_order(tmp_path):
+    """The scores llama.cpp's "llama" tokenizer merges by (the highest-scoring token that two
+    adjacent tokens make, again and again) rank the tokens as the tokenizer's merges do, read back
+    through gguf's reader: llama.cpp then merges in the tokenizer's order (make llama-check runs
+    llama.cpp's own tokenizer on it). gguf's LlamaHfVocab alone writes -1000 for every token."""
+    import json
+    import warnings
+    tok = sentencepiece_style_tokenizer()
+    model = tiny(vocab_size=len(tok) + 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every pair that makes a token is a merge: no warning
+        path = export_gguf(model, tmp_path / "llama-tok.gguf", tok)
+    reader, _ = read_back(path, model)
+    K = gguf.Keys.Tokenizer
+    assert field(reader, K.MODEL) == "llama"
+    tokens, scores, types = field(reader, K.LIST), field(reader, K.SCORES), field(reader, K.TOKEN_TYPE)
+    assert len(tokens) == len(scores) == len(types) == model.config.vocab_size
+    vocab = tok.get_vocab()
+    assert all(tokens[i] == t for t, i in vocab.items()) and len(vocab) == len(tok)
+    T = gguf.TokenType
+    for t, i in vocab.items():
+        assert types[i] == (T.BYTE if t.startswith("<0x") else T.CONTROL if t in ("<unk>", "<s>", "</s>") else T.NORMAL), t
+    assert all(types[i] == T.UNUSED for i in range(len(tok), len(tokens)))
+    assert field(reader, K.BOS_ID) == vocab["<s>"] and field(reader, K.EOS_ID) == vocab["</s>"]
+    assert field(reader, K.UNK_ID) == vocab["<unk>"]
+    assert tok("names")["input_ids"][0] == vocab["<s>"]
+    assert field(reader, K.ADD_BOS) is True and field(reader, K.ADD_EOS) is False  # as the tokenizer
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+              for m in json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]]
+    assert len(merges) > 500
+    made = [vocab[a + b] for a, b in merges]
+    for k, (first, second) in enumerate(zip(made, made[1:])):  # the merges' order, token by token
+        assert scores[first] > scores[second] or first == second, merges[k:k + 2]
+    merged = set(made)
+    lowest = min(scores[i] for i in merged)
+    assert all(scores[i] < lowest for i in range(len(tok)) if i not in merged)  # characters, bytes, specials
+    # what -1000 everywhere did: llama.cpp merged left to right (issue 38: "names" -> ame+s, not am+es)
+    assert len({scores[i] for i in merged}) == len(merged)
+
+
+def test_a_tokenizer_llama_cpp_would_merge_otherwise_is_named(tmp_path):
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in ("\u2581", "a", "b", "c", "ab", "bc", "abc"):
+        vocab[piece] = len(vocab)
+    tok = transformers.LlamaTokenizer(vocab=vocab, merges=[("a", "b"), ("b", "c"), ("ab", "c")])  # no a + bc
+    with pytest.warns(UserWarning, match=r"no merge for 1 such pairs \('a' \+ 'bc'\)"):
+        export_gguf(tiny(vocab_size=len(vocab)), tmp_path / "w.gguf", tok)

@@ -12,9 +12,11 @@ llama.cpp command to run next.
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import tempfile
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -123,10 +125,44 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
             and torch.equal(a.view(_INT_OF_SIZE[a.element_size()]), b.view(_INT_OF_SIZE[b.element_size()])))
 
 
+def _merge_scores(tokenizer_json: Dict[str, Any], tokens: List[bytes]) -> Tuple[List[float], List[str]]:
+    """The ``tokenizer.ggml.scores`` of a Llama-style (SentencePiece BPE, byte fallback)
+    ``tokenizer.json`` for llama.cpp's ``llama`` tokenizer, which merges, again and again, the
+    adjacent pair whose concatenation is the vocabulary token of highest score (leftmost on ties):
+    the token that merge number ``rank`` of ``model.merges`` makes scores ``-rank`` (its first,
+    the merges being in priority order), so that llama.cpp applies the merges in the
+    tokenizer's order; a token no merge makes (characters, bytes, special tokens) scores below
+    every merge. Also returns the pairs that llama.cpp would merge and the tokenizer would not
+    (two tokens whose concatenation is a token, with no merge for them: none in a tokenizer
+    converted from SentencePiece, whose merges are every such pair)."""
+    model = tokenizer_json["model"]
+    vocab: Dict[str, int] = model["vocab"]
+    floor = -float(len(model.get("merges") or ()))
+    scores = [floor] * len(tokens)
+    pairs = set()
+    for rank, merge in enumerate(model.get("merges") or ()):
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        pairs.add((left, right))
+        made = vocab.get(left + right)
+        if made is None or made >= len(tokens) or tokens[made] != (left + right).encode("utf-8"):
+            raise ValueError(f"export_gguf: the tokenizer's merge {left!r} + {right!r} makes no token of its "
+                             "vocabulary (tokenizer.json's model.merges)")
+        if scores[made] == floor:
+            scores[made] = float(-rank)
+    unmerged = []
+    for text in vocab:
+        for cut in range(1, len(text)):
+            if text[:cut] in vocab and text[cut:] in vocab and (text[:cut], text[cut:]) not in pairs:
+                unmerged.append(f"{text[:cut]!r} + {text[cut:]!r}")
+    return scores, unmerged
+
+
 def _vocab(gguf: Any, tokenizer: Any, n_vocab: int) -> Tuple[str, List[bytes], List[float], List[int], Any]:
     """(tokenizer model, tokens, scores, token types, gguf.SpecialVocab) of a transformers tokenizer,
     read by gguf's own vocab classes from the tokenizer's saved files; padded to the model's
-    vocabulary with unused tokens."""
+    vocabulary with unused tokens. A Llama-style tokenizer's scores are its merges'
+    (:func:`_merge_scores`): gguf's ``LlamaHfVocab`` writes -1000 for every token, with which
+    llama.cpp merges left to right instead of in the tokenizer's order."""
     if not hasattr(tokenizer, "save_pretrained"):
         raise TypeError(f"export_gguf: tokenizer must be a transformers tokenizer (save_pretrained), "
                         f"got {type(tokenizer).__name__}")
@@ -148,6 +184,15 @@ def _vocab(gguf: Any, tokenizer: Any, n_vocab: int) -> Tuple[str, List[bytes], L
             tokens.append(text if isinstance(text, bytes) else str(text).encode("utf-8"))
             scores.append(float(score))
             types.append(int(kind))
+        if vocab.tokenizer_model == "llama":
+            with open(base / "tokenizer.json", encoding="utf-8") as f:
+                scores, unmerged = _merge_scores(json.load(f), tokens)
+            if unmerged:
+                warnings.warn(f"export_gguf: llama.cpp merges any two adjacent tokens whose concatenation is a token; "
+                              f"the tokenizer has no merge for {len(unmerged)} such pairs ({', '.join(unmerged[:3])}"
+                              f"{', ...' if len(unmerged) > 3 else ''}), so llama.cpp may tokenize some text "
+                              "differently from it (a tokenizer converted from SentencePiece has them all)",
+                              stacklevel=3)
         if len(tokens) > n_vocab:
             raise ValueError(f"export_gguf: the tokenizer has {len(tokens)} tokens, the model's vocab_size is {n_vocab}")
         for i in range(len(tokens), n_vocab):
@@ -155,6 +200,13 @@ def _vocab(gguf: Any, tokenizer: Any, n_vocab: int) -> Tuple[str, List[bytes], L
             scores.append(-1000.0)
             types.append(int(gguf.TokenType.UNUSED))
         special = gguf.vocab.SpecialVocab(base, load_merges=vocab.tokenizer_model == "gpt2", n_vocab=n_vocab)
+    # whether llama.cpp adds BOS / EOS as the tokenizer does (llama.cpp's default, where the file
+    # says nothing, is to add BOS for a "llama" tokenizer): from what the tokenizer does
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a")["input_ids"])
+    for kind, at in (("bos", slice(None, 1)), ("eos", slice(-1, None))):
+        token_id = getattr(tokenizer, f"{kind}_token_id", None)
+        special.add_special_token[kind] = token_id is not None and full[at] == [token_id] and plain[at] != [token_id]
     return vocab.tokenizer_model, tokens, scores, types, special
 
 
