@@ -12,6 +12,7 @@ from fakequant import ops, presets, reference  # noqa: E402
 from fakequant.serve.gguf import export_gguf  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
 from conftest import bits_equal  # noqa: E402
+from sentencepiece_style import sentencepiece_style_tokenizer  # noqa: E402
 
 TYPES = {"Q8_0": 8, "Q4_0": 4}
 PRESET_OF = {"Q8_0": "GGUF_Q8_0", "Q4_0": "GGUF_Q4_0"}
@@ -328,28 +329,6 @@ def test_tokenizer_is_written(tmp_path):
     assert len(field(reader, K.MERGES)) > 0
 
 
-def sentencepiece_style_tokenizer(vocab_size=600):
-    """A Llama tokenizer as transformers has one converted from a SentencePiece BPE model
-    (tokenizer.json: BPE with byte fallback, ``<unk>``, ``<s>``, ``</s>``, the 256 byte tokens,
-    then the pieces; the merges are every pair of pieces that makes a piece, ordered by the piece
-    made, by transformers' own ``generate_merges``), the pieces learnt by tokenizers' BPE trainer
-    from words with shared parts, digits, punctuation and non-ASCII letters."""
-    tokenizers = pytest.importorskip("tokenizers")
-    from transformers.tokenization_utils_base import generate_merges
-    rng = np.random.default_rng(0)
-    parts = ["na", "me", "es", "am", "s", "ti", "on", "re", "in", "er", "an", "de", "ar", "st", "ou", "el", "é",
-             "ü", "ß", "lo", "ka", "4", "2", ",", "."]
-    words = ["".join(rng.choice(parts, rng.integers(1, 5))) for _ in range(3000)]
-    corpus = [" ".join(words[i:i + 12]) for i in range(0, len(words), 12)]
-    trainer = tokenizers.Tokenizer(tokenizers.models.BPE(byte_fallback=True))
-    trainer.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
-    trainer.train_from_iterator(corpus, tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False))
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    for piece, _ in sorted(trainer.get_vocab().items(), key=lambda item: item[1]):
-        vocab.setdefault(piece, len(vocab))
-    return transformers.LlamaTokenizer(vocab=vocab, merges=generate_merges(vocab), add_bos_token=True)
-
-
 def test_llama_tokenizer_is_written_with_its_merges_order(tmp_path):
     """The scores llama.cpp's "llama" tokenizer merges by (the highest-scoring token that two
     adjacent tokens make, again and again) rank the tokens as the tokenizer's merges do, read back
@@ -357,6 +336,7 @@ def test_llama_tokenizer_is_written_with_its_merges_order(tmp_path):
     llama.cpp's own tokenizer on it). gguf's LlamaHfVocab alone writes -1000 for every token."""
     import json
     import warnings
+    pytest.importorskip("tokenizers")
     tok = sentencepiece_style_tokenizer()
     model = tiny(vocab_size=len(tok) + 16)
     with warnings.catch_warnings():
