@@ -137,7 +137,7 @@ def _merge_scores(tokenizer_json: Dict[str, Any], tokens: List[bytes]) -> Tuple[
     converted from SentencePiece, whose merges are every such pair)."""
     model = tokenizer_json["model"]
     vocab: Dict[str, int] = model["vocab"]
-    floor = -float(len(model.get("merges") or ()))
+    floor = float(-len(model.get("merges") or ()))
     scores = [floor] * len(tokens)
     pairs = set()
     for rank, merge in enumerate(model.get("merges") or ()):
@@ -228,10 +228,9 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
             cannot tokenize text.
         float_type: the type of the other 2-D tensors (embeddings, an unquantized ``lm_head``):
             ``"auto"`` (default) the parameter's own, which holds what was trained exactly (F32
-            for float32, F16 for float16, BF16 for bfloat16; F32 for float64); ``"f16"`` (as
-            llama.cpp's converter; half the size of F32, but the model never saw that rounding:
-            llama.cpp's logits then differ from the trained model's) or ``"f32"``. Norms and
-            biases are F32.
+            for float32, F16 for float16, BF16 for bfloat16; F32 for float64); ``"f16"`` (half the
+            size of F32, but a rounding the model never saw: llama.cpp's logits then differ from
+            the trained model's) or ``"f32"``. Norms and biases are F32.
         name: ``general.name``; default the config's ``_name_or_path`` when it has one.
         tokenizer_pre: ``tokenizer.ggml.pre`` for a BPE tokenizer (llama.cpp's pre-tokenizer name,
             e.g. ``"llama-bpe"``, ``"qwen2"``); default ``"default"``.
