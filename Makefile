@@ -66,6 +66,24 @@ demo-llm: build $(VENV)/.llm
 demo-serve: build
 	$(PY) examples/serve_demo.py --out demo-serve-output $(DEMO_SERVE_ARGS)
 
+# `make llama-check`: llama.cpp itself on the GGUF files export_gguf writes (tools/llama_cpp_check.py):
+# its tokenizer against the Hugging Face tokenizer on strings with spaces, digits, punctuation and
+# non-ASCII text, and its logits against the QAT model's (GGUF_Q8_0, GGUF_Q4_0), into
+# build/llama-check/results.md. Not in `make test`: llama.cpp comes from llama-cpp-python built
+# from its sdist (no binary wheel; about 20 minutes on 2 cores) into a virtualenv of its own,
+# $(LLAMA_VENV), with the versions of constraints/llama.txt; the model is trained and exported in
+# $(VENV), and tools/llama_cpp_run.py runs llama.cpp in $(LLAMA_VENV).
+LLAMA_VENV ?= .venv-llama
+.PHONY: llama-check
+$(LLAMA_VENV)/.built: constraints/llama.txt
+	$(PYTHON) -m venv $(LLAMA_VENV)
+	CMAKE_BUILD_PARALLEL_LEVEL=$(MAX_JOBS) $(LLAMA_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	  --no-binary llama-cpp-python -r constraints/llama.txt
+	touch $@
+
+llama-check: build $(LLAMA_VENV)/.built
+	$(PY) tools/llama_cpp_check.py $(LLAMA_VENV)/bin/python $(LLAMA_CHECK_ARGS)
+
 # Every benchmark in one run (about 3 minutes on 2 cores): benchmarks/results/README.md
 # (the tables, the targets met or missed), PNG plots, and the raw JSON. On a shared
 # machine: make bench BENCH_ARGS="--wait-idle 120" (waits for idle CPUs before each stage).

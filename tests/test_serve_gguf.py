@@ -12,6 +12,7 @@ from fakequant import ops, presets, reference  # noqa: E402
 from fakequant.serve.gguf import export_gguf  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
 from conftest import bits_equal  # noqa: E402
+from sentencepiece_style import sentencepiece_style_tokenizer  # noqa: E402
 
 TYPES = {"Q8_0": 8, "Q4_0": 4}
 PRESET_OF = {"Q8_0": "GGUF_Q8_0", "Q4_0": "GGUF_Q4_0"}
@@ -189,10 +190,13 @@ def check_metadata(reader, model, arch="llama"):
     assert eps == np.float32(cfg.rms_norm_eps)
 
 
+@pytest.mark.parametrize("float_type", ["auto", "f16"])
 @pytest.mark.parametrize("kind", TYPES)
-def test_export_is_the_qat_model_bit_for_bit(kind, tmp_path):
+def test_export_is_the_qat_model_bit_for_bit(kind, float_type, tmp_path):
+    """The default (float_type="auto") writes every tensor as trained, the embeddings and lm_head
+    included (F32 for this float32 model); "f16" rounds those to float16, as asked."""
     model = fakequant.quantize_model(tiny(), preset=PRESET_OF[kind])
-    path = export_gguf(model, tmp_path / "out")
+    path = export_gguf(model, tmp_path / "out", **({} if float_type == "auto" else {"float_type": float_type}))
     assert path == tmp_path / "out" / "model.gguf"
     reader, tensors = read_back(path, model)
     check_metadata(reader, model)
@@ -208,11 +212,35 @@ def test_export_is_the_qat_model_bit_for_bit(kind, tmp_path):
         with torch.no_grad():
             if ggml_type == kind:
                 assert bits_equal(values, module.weight_quantizer(module.weight)), name
-            elif ggml_type == "F16":
-                assert bits_equal(values, params[name].detach().half().float()), name
+            elif params[name].dim() == 2:  # the embeddings and lm_head
+                assert ggml_type == {"auto": "F32", "f16": "F16"}[float_type], name
+                expected = params[name].detach()
+                assert bits_equal(values, expected if float_type == "auto" else expected.half().float()), name
             else:
                 assert ggml_type == "F32" and params[name].dim() == 1, name
                 assert bits_equal(values, params[name].detach()), name
+
+
+@pytest.mark.parametrize("dtype, ggml_type, file_type", [(torch.bfloat16, "BF16", "MOSTLY_BF16"),
+                                                         (torch.float16, "F16", "MOSTLY_F16")])
+def test_default_keeps_the_models_float_type(dtype, ggml_type, file_type, tmp_path):
+    """float_type="auto" stores a bfloat16 / float16 model's float tensors in their own type
+    (exact, half of F32); the Q4_0 blocks dequantize to its fake-quantized weights in its dtype."""
+    float_model = tiny().to(dtype)
+    reader, tensors = read_back(export_gguf(float_model, tmp_path / "float.gguf"), float_model)
+    assert field(reader, gguf.Keys.General.FILE_TYPE) == gguf.LlamaFileType[file_type]
+    params = dict(float_model.named_parameters())
+    for name, (kind, values) in tensors.items():
+        assert kind == (ggml_type if params[name].dim() == 2 else "F32"), name
+        assert bits_equal(values.to(dtype), params[name].detach()), name
+    model = fakequant.quantize_model(tiny().to(dtype), preset="GGUF_Q4_0")
+    reader, tensors = read_back(export_gguf(model, tmp_path / "q4.gguf"), model)
+    assert field(reader, gguf.Keys.General.FILE_TYPE) == gguf.LlamaFileType.MOSTLY_Q4_0
+    for name, (kind, values) in tensors.items():
+        module = model.get_submodule(name.rpartition(".")[0])
+        with torch.no_grad():
+            expected = module.weight_quantizer(module.weight) if kind == "Q4_0" else dict(model.named_parameters())[name]
+        assert kind in ("Q4_0", ggml_type, "F32") and bits_equal(values.to(dtype), expected.detach()), name
 
 
 def test_f32_export_of_a_float_model_is_every_tensor(tmp_path):
@@ -299,3 +327,53 @@ def test_tokenizer_is_written(tmp_path):
     assert field(reader, K.TOKEN_TYPE)[-1] == gguf.TokenType.UNUSED
     assert field(reader, K.BOS_ID) == vocab["<s>"] and field(reader, K.EOS_ID) == vocab["</s>"]
     assert len(field(reader, K.MERGES)) > 0
+
+
+def test_llama_tokenizer_is_written_with_its_merges_order(tmp_path):
+    """The scores llama.cpp's "llama" tokenizer merges by (the highest-scoring token that two
+    adjacent tokens make, again and again) rank the tokens as the tokenizer's merges do, read back
+    through gguf's reader: llama.cpp then merges in the tokenizer's order (make llama-check runs
+    llama.cpp's own tokenizer on it). gguf's LlamaHfVocab alone writes -1000 for every token."""
+    import json
+    import warnings
+    pytest.importorskip("tokenizers")
+    tok = sentencepiece_style_tokenizer()
+    model = tiny(vocab_size=len(tok) + 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every pair that makes a token is a merge: no warning
+        path = export_gguf(model, tmp_path / "llama-tok.gguf", tok)
+    reader, _ = read_back(path, model)
+    K = gguf.Keys.Tokenizer
+    assert field(reader, K.MODEL) == "llama"
+    tokens, scores, types = field(reader, K.LIST), field(reader, K.SCORES), field(reader, K.TOKEN_TYPE)
+    assert len(tokens) == len(scores) == len(types) == model.config.vocab_size
+    vocab = tok.get_vocab()
+    assert all(tokens[i] == t for t, i in vocab.items()) and len(vocab) == len(tok)
+    T = gguf.TokenType
+    for t, i in vocab.items():
+        assert types[i] == (T.BYTE if t.startswith("<0x") else T.CONTROL if t in ("<unk>", "<s>", "</s>") else T.NORMAL), t
+    assert all(types[i] == T.UNUSED for i in range(len(tok), len(tokens)))
+    assert field(reader, K.BOS_ID) == vocab["<s>"] and field(reader, K.EOS_ID) == vocab["</s>"]
+    assert field(reader, K.UNK_ID) == vocab["<unk>"]
+    assert tok("names")["input_ids"][0] == vocab["<s>"]
+    assert field(reader, K.ADD_BOS) is True and field(reader, K.ADD_EOS) is False  # as the tokenizer
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+              for m in json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]]
+    assert len(merges) > 500
+    made = [vocab[a + b] for a, b in merges]
+    for k, (first, second) in enumerate(zip(made, made[1:])):  # the merges' order, token by token
+        assert scores[first] > scores[second] or first == second, merges[k:k + 2]
+    merged = set(made)
+    lowest = min(scores[i] for i in merged)
+    assert all(scores[i] < lowest for i in range(len(tok)) if i not in merged)  # characters, bytes, specials
+    # what -1000 everywhere did: llama.cpp merged left to right (issue 38: "names" -> ame+s, not am+es)
+    assert len({scores[i] for i in merged}) == len(merged)
+
+
+def test_a_tokenizer_llama_cpp_would_merge_otherwise_is_named(tmp_path):
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in ("\u2581", "a", "b", "c", "ab", "bc", "abc"):
+        vocab[piece] = len(vocab)
+    tok = transformers.LlamaTokenizer(vocab=vocab, merges=[("a", "b"), ("b", "c"), ("ab", "c")])  # no a + bc
+    with pytest.warns(UserWarning, match=r"no merge for 1 such pairs \('a' \+ 'bc'\)"):
+        export_gguf(tiny(vocab_size=len(vocab)), tmp_path / "w.gguf", tok)

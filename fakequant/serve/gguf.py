@@ -3,7 +3,8 @@ loads it.
 
 Quantized Linear weights become the Q8_0 or Q4_0 blocks their quantizer trained on
 (``GGUF_Q8_0`` / ``GGUF_Q4_0``: :func:`fakequant.ops.fake_quantize_ggml`); every other tensor is
-written as F16 or F32. Tensor names and metadata keys are gguf's own (``gguf.TensorNameMap``,
+written in the model's own float type by default (F32, F16 or BF16: what was trained), or as F16
+or F32 on request. Tensor names and metadata keys are gguf's own (``gguf.TensorNameMap``,
 ``gguf.Keys`` through ``gguf.GGUFWriter``), blocks are made by ``gguf.quants.quantize``, and
 the export checks, tensor by tensor, that ``gguf.quants.dequantize`` of what it writes is the
 model's fake-quantized weight bit for bit. docs/serving_gguf.md has the mapping and the
@@ -11,9 +12,11 @@ llama.cpp command to run next.
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import tempfile
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -33,7 +36,9 @@ ARCHITECTURES: Dict[str, Tuple[str, bool]] = {
     "qwen2": ("QWEN2", False),
 }
 
-FLOAT_TYPES = ("f16", "f32")
+FLOAT_TYPES = ("auto", "f16", "f32")
+#: float_type="auto": the GGML type that holds a tensor of each torch dtype exactly
+_EXACT_TYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 BLOCK = 32  # the block length of Q8_0 and Q4_0 (gguf.GGML_QUANT_SIZES)
 
 
@@ -120,10 +125,44 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
             and torch.equal(a.view(_INT_OF_SIZE[a.element_size()]), b.view(_INT_OF_SIZE[b.element_size()])))
 
 
+def _merge_scores(tokenizer_json: Dict[str, Any], tokens: List[bytes]) -> Tuple[List[float], List[str]]:
+    """The ``tokenizer.ggml.scores`` of a Llama-style (SentencePiece BPE, byte fallback)
+    ``tokenizer.json`` for llama.cpp's ``llama`` tokenizer, which merges, again and again, the
+    adjacent pair whose concatenation is the vocabulary token of highest score (leftmost on ties):
+    the token that merge number ``rank`` of ``model.merges`` makes scores ``-rank`` (its first,
+    the merges being in priority order), so that llama.cpp applies the merges in the
+    tokenizer's order; a token no merge makes (characters, bytes, special tokens) scores below
+    every merge. Also returns the pairs that llama.cpp would merge and the tokenizer would not
+    (two tokens whose concatenation is a token, with no merge for them: none in a tokenizer
+    converted from SentencePiece, whose merges are every such pair)."""
+    model = tokenizer_json["model"]
+    vocab: Dict[str, int] = model["vocab"]
+    floor = float(-len(model.get("merges") or ()))
+    scores = [floor] * len(tokens)
+    pairs = set()
+    for rank, merge in enumerate(model.get("merges") or ()):
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        pairs.add((left, right))
+        made = vocab.get(left + right)
+        if made is None or made >= len(tokens) or tokens[made] != (left + right).encode("utf-8"):
+            raise ValueError(f"export_gguf: the tokenizer's merge {left!r} + {right!r} makes no token of its "
+                             "vocabulary (tokenizer.json's model.merges)")
+        if scores[made] == floor:
+            scores[made] = float(-rank)
+    unmerged = []
+    for text in vocab:
+        for cut in range(1, len(text)):
+            if text[:cut] in vocab and text[cut:] in vocab and (text[:cut], text[cut:]) not in pairs:
+                unmerged.append(f"{text[:cut]!r} + {text[cut:]!r}")
+    return scores, unmerged
+
+
 def _vocab(gguf: Any, tokenizer: Any, n_vocab: int) -> Tuple[str, List[bytes], List[float], List[int], Any]:
     """(tokenizer model, tokens, scores, token types, gguf.SpecialVocab) of a transformers tokenizer,
     read by gguf's own vocab classes from the tokenizer's saved files; padded to the model's
-    vocabulary with unused tokens."""
+    vocabulary with unused tokens. A Llama-style tokenizer's scores are its merges'
+    (:func:`_merge_scores`): gguf's ``LlamaHfVocab`` writes -1000 for every token, with which
+    llama.cpp merges left to right instead of in the tokenizer's order."""
     if not hasattr(tokenizer, "save_pretrained"):
         raise TypeError(f"export_gguf: tokenizer must be a transformers tokenizer (save_pretrained), "
                         f"got {type(tokenizer).__name__}")
@@ -145,6 +184,15 @@ def _vocab(gguf: Any, tokenizer: Any, n_vocab: int) -> Tuple[str, List[bytes], L
             tokens.append(text if isinstance(text, bytes) else str(text).encode("utf-8"))
             scores.append(float(score))
             types.append(int(kind))
+        if vocab.tokenizer_model == "llama":
+            with open(base / "tokenizer.json", encoding="utf-8") as f:
+                scores, unmerged = _merge_scores(json.load(f), tokens)
+            if unmerged:
+                warnings.warn(f"export_gguf: llama.cpp merges any two adjacent tokens whose concatenation is a token; "
+                              f"the tokenizer has no merge for {len(unmerged)} such pairs ({', '.join(unmerged[:3])}"
+                              f"{', ...' if len(unmerged) > 3 else ''}), so llama.cpp may tokenize some text "
+                              "differently from it (a tokenizer converted from SentencePiece has them all)",
+                              stacklevel=3)
         if len(tokens) > n_vocab:
             raise ValueError(f"export_gguf: the tokenizer has {len(tokens)} tokens, the model's vocab_size is {n_vocab}")
         for i in range(len(tokens), n_vocab):
@@ -152,11 +200,18 @@ def _vocab(gguf: Any, tokenizer: Any, n_vocab: int) -> Tuple[str, List[bytes], L
             scores.append(-1000.0)
             types.append(int(gguf.TokenType.UNUSED))
         special = gguf.vocab.SpecialVocab(base, load_merges=vocab.tokenizer_model == "gpt2", n_vocab=n_vocab)
+    # whether llama.cpp adds BOS / EOS as the tokenizer does (llama.cpp's default, where the file
+    # says nothing, is to add BOS for a "llama" tokenizer): from what the tokenizer does
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a")["input_ids"])
+    for kind, at in (("bos", slice(None, 1)), ("eos", slice(-1, None))):
+        token_id = getattr(tokenizer, f"{kind}_token_id", None)
+        special.add_special_token[kind] = token_id is not None and full[at] == [token_id] and plain[at] != [token_id]
     return vocab.tokenizer_model, tokens, scores, types, special
 
 
 def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], tokenizer: Any = None, *,
-                float_type: str = "f16", name: Optional[str] = None, tokenizer_pre: Optional[str] = None) -> pathlib.Path:
+                float_type: str = "auto", name: Optional[str] = None, tokenizer_pre: Optional[str] = None) -> pathlib.Path:
     """Writes ``model`` (a transformers ``LlamaForCausalLM``, ``MistralForCausalLM`` or
     ``Qwen2ForCausalLM``, float or quantized with ``GGUF_Q8_0`` / ``GGUF_Q4_0``) as one GGUF file.
 
@@ -171,8 +226,11 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
             ``tokenizer.json``), written with gguf's vocab classes. None writes the tokenizer model
             ``"none"`` with the vocabulary size: llama.cpp loads the file and runs token ids, but
             cannot tokenize text.
-        float_type: ``"f16"`` (default, as llama.cpp's converter) or ``"f32"``: the type of the
-            other 2-D tensors (embeddings, an unquantized ``lm_head``). Norms and biases are F32.
+        float_type: the type of the other 2-D tensors (embeddings, an unquantized ``lm_head``):
+            ``"auto"`` (default) the parameter's own, which holds what was trained exactly (F32
+            for float32, F16 for float16, BF16 for bfloat16; F32 for float64); ``"f16"`` (half the
+            size of F32, but a rounding the model never saw: llama.cpp's logits then differ from
+            the trained model's) or ``"f32"``. Norms and biases are F32.
         name: ``general.name``; default the config's ``_name_or_path`` when it has one.
         tokenizer_pre: ``tokenizer.ggml.pre`` for a BPE tokenizer (llama.cpp's pre-tokenizer name,
             e.g. ``"llama-bpe"``, ``"qwen2"``); default ``"default"``.
@@ -245,8 +303,15 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
                 kinds.add(kind)
                 continue
         array = data.numpy()
-        if float_type == "f16" and array.ndim > 1:
-            array = array.astype(np.float16)
+        if array.ndim > 1:
+            ftype = _EXACT_TYPE.get(param.dtype, "F32") if float_type == "auto" else float_type.upper()
+            kinds.add(ftype)
+            if ftype == "BF16":  # (exact: the values are bfloat16's)
+                tensors.append((gname, gguf.quants.quantize(array, gguf.GGMLQuantizationType.BF16),
+                                gguf.GGMLQuantizationType.BF16))
+                continue
+            if ftype == "F16":
+                array = array.astype(np.float16)
         tensors.append((gname, np.ascontiguousarray(array), None))
 
     vocab = None if tokenizer is None else _vocab(gguf, tokenizer, n_vocab)
@@ -255,8 +320,12 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
         file_type = gguf.LlamaFileType.MOSTLY_Q4_0
     elif "Q8_0" in kinds:
         file_type = gguf.LlamaFileType.MOSTLY_Q8_0
+    elif "BF16" in kinds:
+        file_type = gguf.LlamaFileType.MOSTLY_BF16
+    elif "F16" in kinds:
+        file_type = gguf.LlamaFileType.MOSTLY_F16
     else:
-        file_type = gguf.LlamaFileType.MOSTLY_F16 if float_type == "f16" else gguf.LlamaFileType.ALL_F32
+        file_type = gguf.LlamaFileType.ALL_F32
 
     target = pathlib.Path(path)
     if target.suffix != ".gguf":
