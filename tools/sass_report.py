@@ -70,6 +70,7 @@ def _quantize_kernels() -> List[Kernel]:
     MaskOut 0 packed. Each lane takes one 16-byte vector a trip."""
     cases = [("per-tensor amax int8", 0, 1, "UniformParams<float, fakequant::AmaxFamily>"),
              ("per-tensor affine", 0, 0, "UniformParams<float, fakequant::AffineFamily>"),
+             ("per-tensor min/max", 0, 1, "UniformParams<float, fakequant::MinMaxFamily>"),
              ("per-tensor FP8 E4M3", 4, 1, "UniformParams<float, fakequant::AmaxFamily>"),
              ("per-channel affine", 0, 0, "TableParams<float>")]
     out = []
@@ -104,7 +105,19 @@ def _block_kernels() -> List[Kernel]:
     return out
 
 
-KERNELS = _quantize_kernels() + _block_kernels() + [
+def _long_block_kernels() -> List[Kernel]:
+    """Blocks of 1024 elements or more (per token: a whole row; here int8 about the row's centre,
+    Model Optimizer's dynamic per-token asymmetric rule): blockwise_long_vector_kernel<scalar_t,
+    Format, centered> (one 16-byte vector a thread and step of its second pass) where the build
+    has it, else blockwise_long_kernel<scalar_t, Format> (one element). The first pass, the
+    max, reads the block once more."""
+    return [Kernel(f"per token (rows of 1024 or more, centered int8), {dname}",
+                   [(rf"blockwise_long_vector_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, true>", 16 // size),
+                    (rf"blockwise_long_kernel<{re.escape(ctype)}, \(fakequant::Format\)0>", 1)], 2 * size)
+            for dname, ctype, size in _DTYPES]
+
+
+KERNELS = _quantize_kernels() + _block_kernels() + _long_block_kernels() + [
     Kernel("mask backward (packed), float32", [(r"mask_backward_kernel<unsigned int, true>", 4)], 8),
     Kernel("mask backward (packed), bfloat16", [(r"mask_backward_kernel<unsigned short, true>", 8)], 4),
 ]

@@ -427,6 +427,118 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Blocks of kLongBlock elements or more, whole multiples of 32 elements tiling aligned memory
+// (per token: whole rows): blockwise_long_kernel's passes in 16-byte vectors, a thread V
+// elements a step, and x / s as contract.h's quotient_of where the block's scale and amax are
+// in the fast division's range and the block is not degenerate (otherwise
+// long_vector_slow, out of line). kCentered: blocks quantized about their centre.
+template <typename scalar_t, Format F, bool kCentered>
+__device__ __noinline__ unsigned long_vector_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                  float s, bool degenerate, float center,
+                                                  const BlockRule<float> rule) {
+  constexpr int V = kVec<scalar_t>;
+  const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x);
+  Pack<scalar_t, V> out;
+  const ScaleOf<float> b{s, degenerate, kCentered, center};
+  unsigned bits = 0;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    unsigned bit;
+    out.v[j] = static_cast<scalar_t>(block_element<F>(static_cast<float>(in.v[j]), b, rule, bit));
+    bits |= bit << j;
+  }
+  *reinterpret_cast<Pack<scalar_t, V>*>(y) = out;
+  return bits;
+}
+
+template <typename scalar_t, Format F, bool kCentered>
+__global__ void __launch_bounds__(kThreads)
+    blockwise_long_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                 uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
+                                 const BlockRule<float> rule, const ParamPtr scale_amax) {
+  constexpr int V = kVec<scalar_t>;
+  constexpr int kLanesPerWord = 32 / V;
+  constexpr int64_t kStep = int64_t{kThreads} * V;
+  FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
+  FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
+  const int t = threadIdx.x;
+  const int lane = t % kWarpSize;
+  const int warp = t / kWarpSize;
+  const float g = global_scale(geo, scale_amax);
+  const int64_t len = geo.block_size;  // every block whole (the uniform geometry)
+
+  for (int64_t blk = blockIdx.x; blk < geo.total_blocks; blk += gridDim.x) {  // the same for the whole block
+    const int64_t start = blk * len;
+    uint32_t m = 0, n = 0;
+    for (int64_t i = int64_t{t} * V; i < len; i += kStep) {
+      const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float v = static_cast<float>(in.v[j]);
+        if constexpr (kCentered) {
+          m = max(m, order_key(v));
+          n = max(n, order_key(-v));
+        } else {
+          m = max(m, abs_bits(v));
+        }
+      }
+    }
+    for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
+      m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
+      if (kCentered) n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
+    }
+    if (lane == 0) {
+      warp_amax[warp] = m;
+      warp_neg[warp] = n;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarpsPerBlock; ++w) {
+      m = max(m, warp_amax[w]);
+      n = max(n, warp_neg[w]);
+    }
+    __syncthreads();  // warp_amax and warp_neg are written again for the next block
+    float amax = __uint_as_float(m), center = 0.0f;
+    if constexpr (kCentered) {
+      const Centered cb = centered_block(m, n);
+      amax = cb.amax;
+      center = cb.center;
+    }
+    const float s = blockwise_scale(amax, geo.scale, g);
+    const bool degenerate = blockwise_degenerate(amax, s, g, geo.scale.kind);
+    const Divisor d = make_divisor(s);
+    const bool fast = !degenerate & d.fast & fast_dividend(amax);  // the same for the whole block
+
+    for (int64_t base = 0; base < len; base += kStep) {
+      const int64_t i = base + int64_t{t} * V;
+      unsigned bits = 0;
+      if (i < len) {
+        if (fast) {
+          const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i);
+          Pack<scalar_t, V> out;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            unsigned bit;
+            const float xv = static_cast<float>(in.v[j]);
+            const float xc = kCentered ? sub_rn(xv, center) : xv;
+            const float v = blockwise_value_of_quotient<F>(quotient_of(xc, d), s, rule, bit);
+            out.v[j] = static_cast<scalar_t>(kCentered ? add_rn(v, center) : v);
+            bits |= bit << j;
+          }
+          *reinterpret_cast<Pack<scalar_t, V>*>(y + start + i) = out;
+        } else {
+          bits = long_vector_slow<scalar_t, F, kCentered>(x + start + i, y + start + i, s, degenerate, center, rule);
+        }
+      }
+      // The first lane of each 32 / V gathers their bits into the word it stores (a block is
+      // whole words: its length is a multiple of 32).
+#pragma unroll
+      for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s2) << (V * s2);
+      if (lane % kLanesPerWord == 0 && i < len) mask_words[(start + i) / 32] = bits;
+    }
+  }
+}
+
 int next_pow2(int64_t v) {
   int p = 1;
   while (p < v && p < kWarpSize) p *= 2;
@@ -475,6 +587,18 @@ void blockwise_cuda(const BlockwiseJob& job) {
         scalar_t* yp = job.y.mutable_data_ptr<scalar_t>();
         if constexpr (!std::is_same_v<scalar_t, double>) {
           constexpr int V = kVec<scalar_t>;
+          if (long_blocks && uniform && geo.block_size % kWarpSize == 0 && aligned16(xp) && aligned16(yp)) {
+            // (whole words: every block starts on one, and the mask is a fresh allocation)
+            auto* mask_words = static_cast<uint32_t*>(job.mask.mutable_data_ptr());
+            TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(mask_words) % alignof(uint32_t) == 0);
+            with_blockwise_format(job.format, [&](auto format_tag) {
+              constexpr Format F = decltype(format_tag)::value;
+              auto* kernel = geo.centered ? &blockwise_long_vector_kernel<scalar_t, F, true>
+                                          : &blockwise_long_vector_kernel<scalar_t, F, false>;
+              launch_kernel(kernel, blocks, stream, xp, yp, mask_words, geo, rule, job.scale_amax);
+            });
+            return;
+          }
           const int64_t lanes = geo.block_size / V;  // vectors a block
           if (uniform && !geo.centered && geo.block_size % V == 0 && lanes >= 2 && lanes <= kWarpSize &&
               (lanes & (lanes - 1)) == 0 && aligned16(xp) && aligned16(yp) &&
