@@ -308,20 +308,21 @@ def print_diff(before: List[Dict[str, object]], after: List[Dict[str, object]]) 
     """Per kernel label present in both: the loop's count and per element before
     and after, and the opcodes whose counts changed."""
     old = {r["kernel"]: r for r in before if r.get("instructions")}
-    print("| kernel | before: loop / per element / per byte | after | opcodes removed (-) and added (+) |")
+    print("| kernel | before: loop / per element / per byte | after | opcodes per element removed (-) and added (+) |")
     print("|---|---|---|---|")
     for r in after:
         label = str(r["kernel"])
         base = old.get(label)
         if not r.get("instructions") or base is None:
             continue
-        ops_a = collections.Counter(r["opcodes"])  # type: ignore[arg-type]
-        ops_b = collections.Counter(base["opcodes"])  # type: ignore[arg-type]
-        changed = [(op, ops_a[op] - ops_b[op]) for op in sorted(set(ops_a) | set(ops_b)) if ops_a[op] != ops_b[op]]
-        changed.sort(key=lambda kv: kv[1])
+        # per element of each loop's work (the loops of two kernel generations differ in it)
+        ops_a = {op: n / float(r["elements"]) for op, n in r["opcodes"].items()}  # type: ignore[union-attr,arg-type]
+        ops_b = {op: n / float(base["elements"]) for op, n in base["opcodes"].items()}  # type: ignore[union-attr,arg-type]
+        changed = [(op, ops_a.get(op, 0.0) - ops_b.get(op, 0.0)) for op in sorted(set(ops_a) | set(ops_b))]
+        changed = sorted((kv for kv in changed if abs(kv[1]) >= 0.05), key=lambda kv: kv[1])
         print(f"| {label} | {base['instructions']} / {base['per_element']:.1f} / {base['per_byte']:.1f} | "
               f"{r['instructions']} / {r['per_element']:.1f} / {r['per_byte']:.1f} | "
-              + ", ".join(f"{op} {d:+d}" for op, d in changed) + " |")
+              + ", ".join(f"{op} {d:+.1f}" for op, d in changed) + " |")
 
 
 def default_library() -> str:
