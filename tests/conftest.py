@@ -149,3 +149,16 @@ def _u8s8_saturates():
 needs_exact_u8s8 = pytest.mark.skipif(
     _u8s8_saturates(), reason="ONNX Runtime's u8s8 int8 kernels saturate on x86 CPUs without AVX512_VNNI/AVX_VNNI "
                               "(this CPU): its default session is compared only where they are exact")
+
+
+def benchmark_module(name):
+    """benchmarks/<name>.py imported as a module (benchmarks/ is a folder of scripts, not a package)."""
+    import importlib
+    import sys
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)

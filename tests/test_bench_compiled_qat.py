@@ -1,21 +1,12 @@
 """benchmarks/bench_compiled_qat.py's budget and its CUDA defaults, on the CPU and without compiling:
 what is measured, left out and named when time runs out (issue 36, item 3). No time is asserted."""
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
+from conftest import benchmark_module
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import bench_compiled_qat as module
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return benchmark_module("bench_compiled_qat")
 
 
 def test_out_of_time_every_configuration_is_named_not_measured(bench):

@@ -12,18 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import benchmark_module
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def bench_ops():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import bench_ops as module
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return benchmark_module("bench_ops")
 
 
 # What issue 36 asks the table to cover (item 5), each a word its name must hold.

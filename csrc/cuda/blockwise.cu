@@ -371,6 +371,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The max of m and of n over the thread block, in every thread: shuffles within each warp, then
+// the warps' through the block's shared words warp_amax and warp_neg (kWarpsPerBlock each),
+// which are free again when it returns. Every thread of the block calls it together.
+__device__ __forceinline__ void thread_block_max(uint32_t& m, uint32_t& n, uint32_t* warp_amax, uint32_t* warp_neg) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
+    m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
+    n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
+  }
+  if (lane == 0) {
+    warp_amax[warp] = m;
+    warp_neg[warp] = n;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarpsPerBlock; ++w) {
+    m = max(m, warp_amax[w]);
+    n = max(n, warp_neg[w]);
+  }
+  __syncthreads();  // warp_amax and warp_neg are written again for the next block
+}
+
 // Blocks of kLongBlock elements or more: thread block b takes blocks b,
 // b + gridDim.x, ...; its threads stride through the block twice (the max,
 // then the elements), one warp's 32 consecutive elements at a time.
@@ -393,21 +416,7 @@ __global__ void __launch_bounds__(kThreads)
 
     uint32_t m = 0, n = 0;
     for (int64_t i = t; i < len; i += kThreads) reduce_keys(geo, static_cast<float>(x[start + i]), m, n);
-    for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
-      m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
-      n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
-    }
-    if (lane == 0) {
-      warp_amax[warp] = m;
-      warp_neg[warp] = n;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < kWarpsPerBlock; ++w) {
-      m = max(m, warp_amax[w]);
-      n = max(n, warp_neg[w]);
-    }
-    __syncthreads();  // warp_amax and warp_neg are written again for the next block
+    thread_block_max(m, n, warp_amax, warp_neg);
     const ScaleOf<C> b = block_scale<C>(geo, m, n, g);
 
     for (int64_t base = 0; base < len; base += kThreads) {
@@ -463,7 +472,6 @@ __global__ void __launch_bounds__(kThreads)
   FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
   const int t = threadIdx.x;
   const int lane = t % kWarpSize;
-  const int warp = t / kWarpSize;
   const float g = global_scale(geo, scale_amax);
   const int64_t len = geo.block_size;  // every block whole (the uniform geometry)
 
@@ -483,21 +491,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
-      m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
-      if (kCentered) n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
-    }
-    if (lane == 0) {
-      warp_amax[warp] = m;
-      warp_neg[warp] = n;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < kWarpsPerBlock; ++w) {
-      m = max(m, warp_amax[w]);
-      n = max(n, warp_neg[w]);
-    }
-    __syncthreads();  // warp_amax and warp_neg are written again for the next block
+    thread_block_max(m, n, warp_amax, warp_neg);
     float amax = __uint_as_float(m), center = 0.0f;
     if constexpr (kCentered) {
       const Centered cb = centered_block(m, n);
