@@ -151,7 +151,7 @@ cuda-build: $(CUDA_BUILD)/.built
 # budget"). It fails when a kernel it reports is missing from the build.
 .PHONY: sass
 sass: $(CUDA_BUILD)/.built
-	$(CUDA_PY) tools/sass_report.py $(wildcard $(CUDA_BUILD)/lib/fakequant/_C*.so)
+	$(CUDA_PY) tools/sass_report.py $(CUDA_BUILD)
 
 # `make cuda-emulate`: the CUDA kernels executed on the CPU by our SIMT emulator
 # (tests/emulator/simt_emulator.h: test infrastructure, not shipped). First the

@@ -3,8 +3,8 @@
     python tools/sass_report.py [LIBRARY] [--arch sm_90] [--json FILE] [--opcodes]
     python tools/sass_report.py --diff BEFORE.json AFTER.json
 
-LIBRARY is a fakequant._C built with CUDA (default: build/cuda's, which `make
-cuda-build` writes; `make sass` runs this on it). No GPU is needed: cuobjdump reads
+LIBRARY is a fakequant._C built with CUDA, or the folder `make cuda-build` writes
+(default: build/cuda; `make sass` runs this on it). No GPU is needed: cuobjdump reads
 the machine code that nvcc wrote for the architecture, and for each kernel of
 KERNELS this finds its hot loop, the innermost loop that both loads and stores
 global memory (a backward branch and the instructions from its target to it; of
@@ -12,17 +12,18 @@ several, the one with the widest load), and counts:
 
   - instructions in the loop body, per element of the loop's work and per byte
     moved (the element read plus written: the floor a memory-bound kernel pays),
-    less the calls out of the loop that only the slow path of a division takes
-    (counted apart);
+    less the out-of-line slow paths it calls (counted apart, see slow_calls);
   - global loads and stores by width (LDG.E.128 is 16 bytes, LDG.E.U16 two);
-  - with --opcodes, every opcode's count, which --diff compares between two builds.
+  - with --opcodes, every opcode's count; --diff compares two builds' counts per
+    element.
 
 Counts are static: the body's instructions once each, whatever branch a warp
-takes inside it (so a branch's cold side counts as if it ran), but for the calls
-out of the loop that only the slow path of a correctly rounded division takes
-(operands near the ends of the float range), counted apart. docs/performance.md ("The GPU kernels' instruction budget") explains
-the budget: an H200 issues about 7 thread-instructions per byte that its memory
-moves, so a kernel under about 5 per byte is limited by memory.
+takes inside it (so a branch's cold side counts as if it ran), but for the slow
+paths called out of line (a correctly rounded division's operands near the ends of
+the float range, the kernels' blocks and trips that take their slow path), counted
+apart. docs/performance.md ("The GPU kernels' instruction budget") explains the
+budget: an H200 issues about 7 thread-instructions per byte that its memory moves,
+so a kernel under about 5 per byte is limited by memory.
 """
 from __future__ import annotations
 
@@ -325,16 +326,18 @@ def print_diff(before: List[Dict[str, object]], after: List[Dict[str, object]]) 
               + ", ".join(f"{op} {d:+.1f}" for op, d in changed) + " |")
 
 
-def default_library() -> str:
-    found = sorted(glob.glob(os.path.join(ROOT, "build", "cuda", "lib", "fakequant", "_C*.so")))
+def library_of(build: str) -> str:
+    """The fakequant._C of a `make cuda-build` folder (its lib/fakequant/_C*.so)."""
+    found = sorted(glob.glob(os.path.join(build, "lib", "fakequant", "_C*.so")))
     if not found:
-        raise SystemExit("sass_report: no build/cuda/lib/fakequant/_C*.so: run `make cuda-build` first")
+        raise SystemExit(f"sass_report: no {build}/lib/fakequant/_C*.so: run `make cuda-build` first")
     return found[0]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("library", nargs="?", help="a fakequant._C built with CUDA (default: build/cuda's)")
+    parser.add_argument("library", nargs="?",
+                        help="a fakequant._C built with CUDA, or a make cuda-build folder (default: build/cuda)")
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--json", help="also write the rows, opcodes included, to this file")
     parser.add_argument("--opcodes", action="store_true", help="print each loop's opcodes")
@@ -346,7 +349,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(args.diff[0]) as a, open(args.diff[1]) as b:
             print_diff(json.load(a), json.load(b))
         return 0
-    rows = report(args.library or default_library(), args.arch, args.allow_missing)
+    library = args.library or os.path.join(ROOT, "build", "cuda")
+    rows = report(library_of(library) if os.path.isdir(library) else library, args.arch, args.allow_missing)
     print_table(rows, args.opcodes)
     if args.json:
         with open(args.json, "w") as f:
