@@ -214,12 +214,12 @@ __global__ void __launch_bounds__(kThreads)
 //  3. each lane fetches its blocks' scale and reciprocal (two shuffles a load) and quantizes its
 //     vectors from registers, x / s as quotient_of (E8M0 scales: e8m0_quotient, exact), where
 //     every block of the trip is neither degenerate nor outside the divisor's fast range (one
-//     warp-wide vote); otherwise through block_vectors_slow, with div_rn;
+//     warp-wide vote); otherwise the trip again out of line (vector_trip_slow), with div_rn;
 //  4. stores its vectors, and gathers each load's mask bits by shuffles into the 32-bit words that
 //     a lane of each 32 / V stores (a load covers 32 V elements from a multiple of 32 V).
 // A trip past the end (n, a multiple of B, need not be one of 32 K V) leaves whole blocks of
 // lanes without vectors: they load, store and mark nothing, and their blocks do not vote.
-template <typename scalar_t, Format F, BlockScale S, int K>
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull>
 __device__ __noinline__ void vector_trip_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                               uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
                                               const LaunchGeometry& geo, const BlockRule<float>& rule, float g);
@@ -275,7 +275,7 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
     reciprocal = d.y;
     const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
     if (__any_sync(kFullWarp, in_trip & (blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a)))) {
-      vector_trip_slow<scalar_t, F, S, K>(x, y, mask_words, n, base, geo, rule, g);
+      vector_trip_slow<scalar_t, F, S, K, kFull>(x, y, mask_words, n, base, geo, rule, g);
       return;
     }
   } else {
@@ -333,15 +333,11 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   }
 }
 
-template <typename scalar_t, Format F, BlockScale S, int K>
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull>
 __device__ __noinline__ void vector_trip_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                               uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
                                               const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
-  if (base + int64_t{kWarpSize} * K * kVec<scalar_t> <= n) {
-    vector_trip<scalar_t, F, S, K, true, true>(x, y, mask_words, n, base, geo, rule, g);
-  } else {
-    vector_trip<scalar_t, F, S, K, false, true>(x, y, mask_words, n, base, geo, rule, g);
-  }
+  vector_trip<scalar_t, F, S, K, kFull, true>(x, y, mask_words, n, base, geo, rule, g);
 }
 
 template <typename scalar_t, Format F, BlockScale S, int K>
@@ -581,15 +577,14 @@ void blockwise_cuda(const BlockwiseJob& job) {
         scalar_t* yp = job.y.mutable_data_ptr<scalar_t>();
         if constexpr (!std::is_same_v<scalar_t, double>) {
           constexpr int V = kVec<scalar_t>;
+          // Both vector kernels store whole words into the mask (`words`): their blocks are
+          // multiples of 32 or powers of two in the uniform geometry, so aligned_words holds.
           if (long_blocks && uniform && geo.block_size % kWarpSize == 0 && aligned16(xp) && aligned16(yp)) {
-            // (whole words: every block starts on one, and the mask is a fresh allocation)
-            auto* mask_words = static_cast<uint32_t*>(job.mask.mutable_data_ptr());
-            TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(mask_words) % alignof(uint32_t) == 0);
             with_blockwise_format(job.format, [&](auto format_tag) {
               constexpr Format F = decltype(format_tag)::value;
               auto* kernel = geo.centered ? &blockwise_long_vector_kernel<scalar_t, F, true>
                                           : &blockwise_long_vector_kernel<scalar_t, F, false>;
-              launch_kernel(kernel, blocks, stream, xp, yp, mask_words, geo, rule, job.scale_amax);
+              launch_kernel(kernel, blocks, stream, xp, yp, words, geo, rule, job.scale_amax);
             });
             return;
           }
@@ -597,15 +592,12 @@ void blockwise_cuda(const BlockwiseJob& job) {
           if (uniform && !geo.centered && geo.block_size % V == 0 && lanes >= 2 && lanes <= kWarpSize &&
               (lanes & (lanes - 1)) == 0 && aligned16(xp) && aligned16(yp) &&
               (geo.scale.kind != BlockScale::kE4M3 || job.format == Format::kE2M1)) {
-            // Whole words straight into the mask: a load covers 32 V elements from a multiple of them.
             geo.group_size = static_cast<int>(lanes);
             while ((1 << geo.group_shift) < geo.group_size) ++geo.group_shift;
-            auto* mask_words = static_cast<uint32_t*>(job.mask.mutable_data_ptr());
-            TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(mask_words) % alignof(uint32_t) == 0);
             const int K = static_cast<int>(std::min<int64_t>(lanes, 8));
             const unsigned vector_blocks = grid_for((n + kWarpSize * K * V - 1) / (kWarpSize * K * V), job.x.get_device());
             auto launch = [&](auto kernel) {
-              launch_kernel(kernel, vector_blocks, stream, xp, yp, mask_words, n, geo, rule, job.scale_amax);
+              launch_kernel(kernel, vector_blocks, stream, xp, yp, words, n, geo, rule, job.scale_amax);
             };
             with_blockwise_format(job.format, [&](auto format_tag) {
               constexpr Format F = decltype(format_tag)::value;
