@@ -153,9 +153,11 @@ BANDWIDTH_OPS: Dict[str, Callable[[torch.Tensor, Dict[str, torch.Tensor]], torch
 
 def bandwidth_params(x: torch.Tensor) -> Dict[str, torch.Tensor]:
     """The parameters of BANDWIDTH_OPS for ``x``, on its device: amax, and the affine scale
-    ``amax / 127`` and zero point 0."""
+    ``amax / 127`` (a division on every device: docs/design.md, "One value on every device") and
+    zero point 0."""
     amax = x.abs().amax().float()
-    return {"amax": amax, "scale": amax / 127, "zero_point": torch.zeros((), dtype=torch.int32, device=x.device)}
+    return {"amax": amax, "scale": fakequant._core.divide(amax, 127),
+            "zero_point": torch.zeros((), dtype=torch.int32, device=x.device)}
 
 
 def bandwidth_calls(name: str, x: torch.Tensor, params: Dict[str, torch.Tensor],
