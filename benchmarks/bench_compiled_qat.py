@@ -8,7 +8,7 @@
   batch 4 x 128 tokens, causal LM loss); the W8A8 preset (int8 weights per
   channel, int8 activations per token, dynamic).
 - moe: a small Qwen3-MoE decoder (2 layers, hidden 128, 8 experts of 128, 2 per token,
-  batch 4 x 64 tokens), the W8A8 preset, fused experts included (fakequant.experts).
+  batch 4 x 64 tokens), the W8A8 preset, fused experts included (fakequant.models.experts).
   Compiled, fakequant's experts run every expert on every token (no data-dependent
   shapes), transformers' float ones grouped by expert.
 
@@ -52,7 +52,6 @@ from torch import nn  # noqa: E402
 import fakequant  # noqa: E402
 from _common import (ResNet18, add_output_options, argument_parser, new_storage_bytes, progress_bar,  # noqa: E402
                      status_mb, write_json)
-from fakequant import _composite  # noqa: E402
 from fakequant import ops as fq_ops  # noqa: E402
 
 torch._dynamo.config.cache_size_limit = 64  # every configuration has its own compiled graphs
@@ -108,12 +107,12 @@ def _plain_ops():
 
 @contextlib.contextmanager
 def _path(path):
-    saved = _composite.compiled_path()
-    _composite.set_compiled_path(path)
+    saved = fakequant.compiled_path()
+    fakequant.set_compiled_path(path)
     try:
         yield
     finally:
-        _composite.set_compiled_path(saved)
+        fakequant.set_compiled_path(saved)
 
 
 # --- models ---------------------------------------------------------------------------

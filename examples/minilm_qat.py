@@ -13,11 +13,11 @@ with Python has it.
    query) with the rest of it (the document);
 2. embeds everything with the float model (mean pooling over the tokens, then L2
    normalisation, as sentence-transformers does for this model);
-3. for each recipe (fakequant.presets): post-training quantization (PTQ) calibrated with
+3. for each recipe (fakequant.models.presets): post-training quantization (PTQ) calibrated with
    max, and with a histogram method where the recipe has per-tensor static quantizers;
 4. quantization-aware training (QAT) by distillation from the float model as teacher, from
    the max calibration: the quantized model learns to reproduce the float model's embeddings
-   of training texts, with fakequant.distill's loss (hidden_state_loss, metric "cosine": the
+   of training texts, with fakequant.models.distill's loss (hidden_state_loss, metric "cosine": the
    mean of 1 - cosine similarity; 80 steps of 16 texts for 4-bit recipes, 20 gentler ones
    for 8-bit);
 5. exports each QAT model to ONNX (QuantizeLinear/DequantizeLinear, dynamo exporter) and
@@ -248,7 +248,7 @@ def calibrate(model, calib_batches, method):
 
 
 def qat(model, train_batches, targets, lr, desc):
-    """Quantization-aware distillation from the float model as teacher, with fakequant.distill's
+    """Quantization-aware distillation from the float model as teacher, with fakequant.models.distill's
     loss: ``hidden_state_loss(metric="cosine")``, the mean over the batch of 1 - cosine(quantized
     embedding, float embedding). AdamW with a linear warm-up and a cosine decay; the
     word/position embeddings stay frozen (they are not quantized), and dropout stays off (the
@@ -267,7 +267,7 @@ def qat(model, train_batches, targets, lr, desc):
     bar = tqdm(list(zip(train_batches, targets)), desc=desc, unit="step", leave=False)
     for (ids, mask), target in bar:
         emb = model(ids, mask)
-        loss = fakequant.distill.hidden_state_loss([emb], [target], metric="cosine")
+        loss = fakequant.models.distill.hidden_state_loss([emb], [target], metric="cosine")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -387,7 +387,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "fakequant-demo-llm"))
     parser.add_argument("--recipes", default=",".join(RECIPES),
-                        help=f"comma-separated fakequant.presets names (default {','.join(RECIPES)})")
+                        help=f"comma-separated fakequant.models.presets names (default {','.join(RECIPES)})")
     parser.add_argument("--steps", type=int, default=80, help="QAT steps of the 4-bit recipes")
     parser.add_argument("--steps-8bit", type=int, default=20,
                         help="QAT steps of the 8-bit recipes (PTQ is already close to float there)")

@@ -3,14 +3,18 @@
 The operators (``fakequant.fake_quantize_*``) live in :mod:`fakequant.ops`; the
 pytorch-quantization-shaped API in :mod:`fakequant.tensor_quant`,
 :mod:`fakequant.nn` (``from fakequant import nn as quant_nn``),
-:mod:`fakequant.calib` and :mod:`fakequant.quant_modules`.
+:mod:`fakequant.calib` and :mod:`fakequant.quant_modules`; what works on whole models in
+``fakequant.models``.
 """
+import importlib
 import sys
+import types
 
 from ._version import __version__
+from . import _moved
 
 from ._extension import BUILT_FOR_CUDA, BUILT_FOR_TORCH, CUDA_ARCH_LIST
-from ._composite import compiled_path, set_compiled_path
+from .composite.compiled import compiled_path, set_compiled_path
 from .ops import (
     amax_bound,
     fake_quant,
@@ -30,7 +34,7 @@ from .ops import (
     quantize_amax,
     unpack_mask,
 )
-from . import calib, nn, optim, presets, quant_modules, tensor_quant, utils
+from . import calib, models, nn, optim, quant_modules, tensor_quant, utils
 from .quant_modules import deactivate, enable_onnx_export, initialize, quantize_model
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
 from .utils.calibrate import calibrate
@@ -40,7 +44,14 @@ from .serve import export_checkpoint
 # level) and so is not the calib package's own (fakequant/calib/__init__.py).
 calib.calibrate_weights = calib.histogram.calibrate_weights = utils.calibrate_weights  # type: ignore[attr-defined]
 from . import onnx  # TorchScript export symbolics (dynamo: fakequant.onnx.export / custom_translation_table)
-from . import distill, experts, pretrained
 
-if "transformers" in sys.modules:  # from_pretrained of a fakequant checkpoint (fakequant.pretrained)
-    pretrained.register()
+if "transformers" in sys.modules:  # from_pretrained of a fakequant checkpoint (fakequant.models.pretrained)
+    models.pretrained.register()
+
+
+def __getattr__(name: str) -> types.ModuleType:
+    """The modules' old attribute paths (``fakequant.presets``): the module at the old import
+    path, which is the one at the new path (fakequant/_moved.py)."""
+    if f"{__name__}.{name}" in _moved.MOVED:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

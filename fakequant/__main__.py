@@ -7,7 +7,7 @@ import sys
 import torch
 
 import fakequant
-from fakequant._self_check import self_check
+from fakequant._diagnostics.self_check import self_check
 
 __all__ = ["info", "main", "self_check"]
 
@@ -40,9 +40,9 @@ def main(argv=None):
                              "(correctness, compute-sanitizer, bandwidth; see python -m fakequant gpu-check -h)")
     args, rest = parser.parse_known_args(argv)
     if args.command == "gpu-check":
-        from fakequant import _gpu_check
+        from fakequant._diagnostics import gpu_check
 
-        return _gpu_check.main(rest)
+        return gpu_check.main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return info()

@@ -20,12 +20,12 @@ from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tup
 
 import torch
 
-from . import _float_layers, experts, hf, pretrained, presets
+from .models import _float_layers, experts, hf, pretrained, presets
 from . import nn as quant_nn
 from .nn._utils import QuantMixin
 from .nn.tensor_quantizer import TensorQuantizer
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
-from ._core import enable_onnx_export  # noqa: F401  (pytorch-quantization's name; per-thread switches)
+from ._core import enable_onnx_export  # noqa: F401  (pytorch-quantization's name; per-thread export state)
 
 __all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "unconverted",
            "QuantModuleReplacementHelper", "DEFAULT_EXCLUDE"]
@@ -286,12 +286,12 @@ def quantize_model(
             (None): :data:`DEFAULT_EXCLUDE` (``*lm_head*`` and the other output heads and
             routers); ``[]`` converts everything.
         preset: a recipe's name (``"W8A8"``, ``"W4A8"``, ``"W4A16"``, ``"FP8"``, ``"NVFP4"``, ``"MXFP4"``,
-            ...: :mod:`fakequant.presets`) or a :class:`~fakequant.presets.Preset`, giving both
+            ...: :mod:`fakequant.models.presets`) or a :class:`~fakequant.models.presets.Preset`, giving both
             descriptors (a weight-only preset, ``W4A16``, disables the input quantizers); cannot
             be combined with ``quant_desc_input``/``quant_desc_weight``.
         quantize_attention: for a transformers model, also quantize the inputs of its
             attention matmuls (query, key, value: ``q_bmm_quantizer``, ``k_bmm_quantizer``,
-            ``v_bmm_quantizer`` on each attention module, :mod:`fakequant.hf`). True uses the
+            ``v_bmm_quantizer`` on each attention module, :mod:`fakequant.models.hf`). True uses the
             input descriptor; a ``QuantDescriptor`` gives theirs. Default False.
 
     Returns:

@@ -198,9 +198,9 @@ for _name, _case in op_table.onnx_cases("qdq").items():
 for _name, (_make, _min_opset, _exporters, _) in fp8_block.CASES.items():
     CASES[_name] = Case(_make, fp8_block.inputs, _min_opset, tuple(_exporters), dynamic_batch=False)
 _FAST_PRESETS = {("W8A8", True), ("NVFP4", False)}
-for _preset in sorted(p for p in fakequant.presets.PRESETS if not p.startswith("GGUF_")):  # (no ONNX form: GGUF)
+for _preset in sorted(p for p in fakequant.models.presets.PRESETS if not p.startswith("GGUF_")):  # (no ONNX form: GGUF)
     for _attention in (False, True):
-        if _attention and fakequant.presets.PRESETS[_preset].input is None:
+        if _attention and fakequant.models.presets.PRESETS[_preset].input is None:
             continue  # a weight-only preset has no input descriptor for the attention inputs
         CASES[f"llama_{_preset}{'_attention' if _attention else ''}"] = Case(
             _llama(_preset, _attention), _ids, {"INT8": 13, "FP8": 19}.get(_preset, 21), ("dynamo",), kind="model", slow=(_preset, _attention) not in _FAST_PRESETS, dynamic_batch=False)

@@ -8,7 +8,7 @@ checklist in csrc/README.md). An entry holds:
 - ``variants``: the operator's calls, each a function of a sample input ``x`` giving the
   operator's full argument tuple (parameters built on ``x``'s device, channel counts
   from ``x``'s shape). ``per_tensor`` variants work on any shape (a 0-d or 1-D input too).
-- ``reference``: the plain-PyTorch rule (fakequant.reference, as tests/reference.py) of
+- ``reference``: the plain-PyTorch rule (fakequant.composite.rules, as tests/reference.py) of
   a variant's arguments: the expected output and bool mask (None: not compared).
 - ``backward``: "mask" where the backward is the packed mask's (the double-backward test
   reads those), "lsq" for LSQ's own formulas, None where there is no autograd formula.

@@ -1,15 +1,29 @@
 """The tests' plain-PyTorch oracles.
 
 The contract's rules that production also runs (the composites under torch.compile,
-torch's floating-point zero point rule) are fakequant.reference, re-exported here; the
-oracles below exist only to check the operators: LSQ written so that autograd gives its
-gradients, and entropy calibration one candidate at a time. (benchmarks/bench_calib.py
+torch's floating-point zero point rule, the GGML rule, the exporters' scales and codes) are
+fakequant.composite.rules, re-exported here; what is below exists only to check the
+operators: the E2M1 grid and rounding spelled for the block tests, LSQ written so that
+autograd gives its gradients, and entropy calibration one candidate at a time. (benchmarks/bench_calib.py
 times the vectorised calibrator beside this loop.)"""
 import numpy as np
 import torch
 
-from fakequant.reference import *  # noqa: F401,F403
-from fakequant.reference import _broadcast_param, _integer_bound, compute_dtype
+from fakequant.composite.rules import *  # noqa: F401,F403
+from fakequant.composite.rules import _broadcast_param, _integer_bound, compute_dtype, format_values, round_to_format
+
+E2M1_VALUES = tuple(format_values(2, 1))  # codes 0..7
+
+
+def round_e2m1(v):
+    """float32 v rounded to FP4 E2M1 (saturating at +-6), ties to the even code; NaN stays NaN."""
+    return round_to_format(v, 2, 1)
+
+
+def round_to_float_format(v, exponent_bits):
+    """float32 v rounded (saturating, ties to even) to the 4- or 8-bit block element with
+    this many exponent bits: E2M1 (2), E4M3 (4) or E5M2 (5)."""
+    return round_to_format(v, *{2: (2, 1), 4: (4, 3), 5: (5, 2)}[exponent_bits])
 
 
 def entropy_amax(hist, edges, num_bits=8, unsigned=False, stride=1, start_bin=128):

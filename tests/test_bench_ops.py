@@ -187,7 +187,7 @@ def test_the_gpu_checks_bandwidth_calls_run_the_op_alone():
     """python -m fakequant gpu-check's table: the parameters are made before the timed call (the
     first GPU run's affine call made its scale and zero point in it: three kernels, not one), and
     forward+backward is the op and its backward, with no addition into .grad."""
-    from fakequant import _gpu_check
+    from fakequant._diagnostics import gpu_check as _gpu_check
 
     x = torch.randn(1 << 12)
     params, grad = _gpu_check.bandwidth_params(x), torch.randn(1 << 12)

@@ -2,7 +2,7 @@
 fakequant.ops and every dtype, outputs (sign of zero included; NaN where NaN) and
 input gradients, on contiguous, channels-last and transposed inputs holding NaN,
 +-inf, +-0, ties and values beyond the range; for both compiled paths
-(fakequant._composite: the plain-PyTorch composites Inductor fuses, and the C++
+(fakequant.composite.compiled: the plain-PyTorch composites Inductor fuses, and the C++
 operators called opaquely), with no graph break.
 """
 import pytest
@@ -11,7 +11,7 @@ import torch
 import fakequant
 import op_table
 from conftest import DEVICES, DTYPES, assert_same
-from fakequant import _composite
+from fakequant.composite import compiled as _composite
 
 pytestmark = pytest.mark.slow  # minutes of Inductor compilation
 

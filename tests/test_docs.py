@@ -14,9 +14,10 @@ API = ROOT / "docs" / "api.md"
 
 MODULES = [
     "fakequant", "fakequant.ops", "fakequant.tensor_quant", "fakequant.nn", "fakequant.calib",
-    "fakequant.quant_modules", "fakequant.utils", "fakequant.presets", "fakequant.hf", "fakequant.experts",
-    "fakequant.pretrained", "fakequant.distill", "fakequant.onnx", "fakequant.serve", "fakequant.serve.compressed_tensors",
-    "fakequant.optim", "fakequant.ao", "fakequant.ao.pt2e", "fakequant.reference",
+    "fakequant.quant_modules", "fakequant.utils", "fakequant.models.presets", "fakequant.models.hf",
+    "fakequant.models.experts", "fakequant.models.pretrained", "fakequant.models.distill", "fakequant.onnx",
+    "fakequant.serve", "fakequant.serve.compressed_tensors", "fakequant.optim", "fakequant.ao", "fakequant.ao.pt2e",
+    "fakequant.composite.rules",
 ]
 
 # `.. autofunction:: name` in {eval-rst} blocks, ```{autofunction} name``` in MyST; options below

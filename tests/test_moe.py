@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import fakequant
-from fakequant import experts, presets, quant_modules
+from fakequant import quant_modules
+from fakequant.models import experts, presets
 from fakequant.nn import QuantizerList, TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor
 
@@ -265,7 +266,7 @@ def _segments_reference(x, weight, counts):
 
 @pytest.mark.parametrize("counts", [[3, 0, 2, 1], [0, 0, 0, 6], [2, 1, 0, 0]])  # (last: 3 trailing rows)
 def test_experts_linear_against_the_per_expert_matmul(counts):
-    from fakequant._experts_linear import experts_linear
+    from fakequant.models._experts_linear import experts_linear
     g = torch.Generator().manual_seed(0)
     x = torch.randn(6, 5, dtype=torch.float64, generator=g, requires_grad=True)
     weight = torch.randn(4, 3, 5, dtype=torch.float64, generator=g, requires_grad=True)

@@ -13,7 +13,7 @@ import torch
 import fakequant
 import reference as ref
 from conftest import DEVICES, DTYPES, assert_same, bits_equal
-from fakequant import presets
+from fakequant.models import presets
 from fakequant.nn import TensorQuantizer
 from fakequant.ops import fake_quantize_blockwise, fake_quantize_fp8
 from fakequant.tensor_quant import QuantDescriptor

@@ -63,7 +63,7 @@ def test_a_presets_model_is_built_on_the_cpu_whatever_the_default_device():
     """Its weights come from the CPU generator (CUDA's draws other numbers from the same seed):
     built with another default device ("meta" here, "cuda" in make gpu-check), they are the
     CPU's, then moved."""
-    preset = sorted(fakequant.presets.PRESETS)[0]
+    preset = sorted(fakequant.models.presets.PRESETS)[0]
     cpu = fp._preset_model(preset)
     torch.set_default_device("meta")
     try:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fakequant
-from fakequant import presets
+from fakequant.models import presets
 from fakequant.nn import TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor
 

@@ -1,4 +1,4 @@
-"""save_pretrained / from_pretrained of quantized transformers models (fakequant.pretrained):
+"""save_pretrained / from_pretrained of quantized transformers models (fakequant.models.pretrained):
 the reloaded model is the saved one, quantizers, amax and learned ranges included, bit for bit,
 in this process and in a fresh one that only imports transformers and fakequant."""
 import json

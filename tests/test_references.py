@@ -1,5 +1,5 @@
 """Every file the code and the docs mention exists: a path-like mention (``csrc/ops/common.cpp``,
-``docs/design.md``, ``nn/_schemes.py``, a Markdown link) in a tracked source or documentation
+``docs/design.md``, ``nn/_paths.py``, a Markdown link) in a tracked source or documentation
 file resolves against the repository, the mentioning file's folder, the package or the C++
 include folder. System headers (``#include <...>``) and the placeholders below are not files
 of ours."""
@@ -65,4 +65,4 @@ def test_the_checker_finds_a_missing_file(tmp_path):
     tokens = [t for _, t in _mentions(doc)]
     assert tokens == [missing_cpp, design]
     assert not any(_resolves(doc, t) for t in tokens)
-    assert _resolves(doc, "csrc/ops/common.cpp") and _resolves(doc, "nn/_schemes.py")
+    assert _resolves(doc, "csrc/ops/common.cpp") and _resolves(doc, "nn/_paths.py")

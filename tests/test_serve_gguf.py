@@ -8,7 +8,9 @@ gguf = pytest.importorskip("gguf", reason="GGUF export tests need the gguf packa
 transformers = pytest.importorskip("transformers", reason="GGUF export tests need transformers")
 
 import fakequant  # noqa: E402
-from fakequant import ops, presets, reference  # noqa: E402
+from fakequant import ops  # noqa: E402
+from fakequant.composite import rules as reference  # noqa: E402
+from fakequant.models import presets  # noqa: E402
 from fakequant.serve.gguf import export_gguf  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
 from conftest import bits_equal  # noqa: E402

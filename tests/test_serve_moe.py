@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is missi
 pytest.importorskip("compressed_tensors", reason="compressed-tensors is missing: pip install 'fakequant[serve]'")
 
 import fakequant  # noqa: E402
-from fakequant import experts  # noqa: E402
+from fakequant.models import experts  # noqa: E402
 from fakequant import nn as quant_nn  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
 from safetensors import safe_open  # noqa: E402

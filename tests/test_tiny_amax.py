@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import fakequant
-from fakequant import _composite, _core, ops, reference
+from fakequant import _core, ops
+from fakequant.composite import compiled as _composite, rules as reference
 from fakequant.nn import TensorQuantizer
 from fakequant.tensor_quant import QuantDescriptor
 

@@ -1,13 +1,13 @@
 """QAT with transformers.Trainer, unchanged: a run stopped at a checkpoint and resumed from it
 ends bit for bit where the run without the stop ends; and quantization-aware distillation
-(fakequant.distill) from a plain loop and as a Trainer."""
+(fakequant.models.distill) from a plain loop and as a Trainer."""
 import copy
 
 import pytest
 import torch
 
 import fakequant
-from fakequant import distill
+from fakequant.models import distill
 
 from conftest import bits_equal
 

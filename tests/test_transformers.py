@@ -11,7 +11,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import fakequant  # noqa: E402
-from fakequant import hf, quant_modules  # noqa: E402
+from fakequant import quant_modules  # noqa: E402
+from fakequant.models import hf  # noqa: E402
 from fakequant import nn as quant_nn  # noqa: E402
 from fakequant.tensor_quant import QuantDescriptor  # noqa: E402
 from transformers.pytorch_utils import Conv1D  # noqa: E402

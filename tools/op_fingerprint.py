@@ -204,7 +204,9 @@ def cases():
                 TensorQuantizer.use_fb_fake_quant = previous
         yield f"use_fb_fake_quant/{amax.numel()}", native
     # every preset's quantized Linear: calibrated, forward and backward
-    for preset in sorted(fakequant.presets.PRESETS):
+    # (fakequant.presets before it moved: this script runs on older commits too)
+    presets = fakequant.models.presets if hasattr(fakequant, "models") else fakequant.presets
+    for preset in sorted(presets.PRESETS):
         def linear(preset=preset):
             model = _preset_model(preset).to(torch.get_default_device())
             data = [_inputs((4, 64), torch.float32, special=False, seed=s) for s in range(2)]

@@ -1,8 +1,8 @@
 """The bottom layer of fakequant's Python: the numeric constants and range rules
 (read from the compiled library, so that Python cannot drift from the kernels),
-argument validation (each rule written once), and the thread-local export
-switches. Everything else in fakequant imports from here; this package imports
-nothing of fakequant but the compiled library.
+the block-scale formats, argument validation (each rule written once), and the
+per-thread export state. Everything else in fakequant imports from here; this package imports
+nothing of fakequant but the compiled library (and fakequant/_moved.py, for an old path).
 """
 from .constants import (
     AMAX_EPSILON,
@@ -24,7 +24,7 @@ from .constants import (
 from .formats import BlockScales
 from .numerics import divide, zero_keeping_sign
 from .errors import TypeAndAttributeError, TypeAndValueError, ValueAndRuntimeError
-from .switches import (
+from .export_state import (
     ExportOptions,
     TranslationError,
     export_options,

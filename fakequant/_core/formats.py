@@ -9,8 +9,8 @@ that no ``scale_bits`` tuple is written anywhere else in fakequant/.
 
 Adding a format whose blocks an existing operator computes is one member here (its
 ``scale_bits`` spelling and its description), the operator arguments it selects in
-``fakequant/nn/_schemes.py`` (``_DynamicBlocks``), and, if it has a rule of its own from
-amax to scales, that rule in ``fakequant/reference.py``.
+``fakequant/nn/_paths.py`` (``_DynamicBlocks``), and, if it has a rule of its own from
+amax to scales, that rule in ``fakequant/composite/rules.py``.
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ class QuantizerList(nn.ModuleList):
         block scales; not E4M3 block scales, which are relative to a per-tensor amax). A
         calibrated amax such members keep is not read by their forward. Then one call
         quantizes rows bound for different members (the experts' grouped forward,
-        :mod:`fakequant.experts`)."""
+        :mod:`fakequant.models.experts`)."""
         members = self.quantizers()
         if not members:
             return None

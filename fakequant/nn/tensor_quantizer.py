@@ -10,7 +10,7 @@ import torch
 from .. import _core
 from ..calib import HistogramCalibrator, MaxCalibrator
 from ..tensor_quant import QuantDescriptor, QuantSpec, ScaledQuantDescriptor
-from . import _input_amax, _schemes
+from . import _input_amax, _paths
 from ._amax_state import _AmaxState
 from ._switches import _Switches
 from .clip import Clip
@@ -39,7 +39,7 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
     ``clip.clip_value_min`` / ``clip.clip_value_max``. These are the state_dict
     keys of pytorch-quantization, whose checkpoints load here on any device.
     (The buffers and what sets them: the base class, ``nn/_amax_state.py``; the amax
-    computed from an input: ``nn/_input_amax.py``; the numeric paths: ``nn/_schemes.py``;
+    computed from an input: ``nn/_input_amax.py``; the numeric paths: ``nn/_paths.py``;
     the class-wide switches: the metaclass, ``nn/_switches.py``.)
     """
 
@@ -280,7 +280,7 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
 
     def _path_amax(self, inputs: torch.Tensor, values: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor], bool]:
         """``(inputs, amax, check_values)`` for this quantizer's path: the amax it ``needs``
-        (nn/_schemes.py), computed here from the buffer, the clip stage or the input;
+        (nn/_paths.py), computed here from the buffer, the clip stage or the input;
         ``check_values=False`` for an amax computed from the input."""
         needs = self._path.needs
         if needs == "clip":  # the learned range
@@ -290,7 +290,7 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
             # (where, not maximum: the TorchScript ONNX exporter folds it into a constant scale)
             amax = torch.where(neg_min > clip_max, neg_min, clip_max)
             # (LSQ learns amax by its gradient; otherwise the amax operator, which exports with a constant scale)
-            return inputs, amax if values is _schemes.LSQ else amax.detach(), True
+            return inputs, amax if values is _paths.LSQ else amax.detach(), True
         if needs == "tensor":  # dynamic blocks: the per-tensor amax of E4M3 block scales
             if not self._spec.scales_need_amax:
                 return inputs, None, True
@@ -308,26 +308,26 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
 
     # -- forward ------------------------------------------------------------------------
     def _configure(self) -> None:
-        """Chooses the numeric path and value rule (nn/_schemes.py) of this configuration."""
-        self._values = _schemes.choose_values(self._spec)
-        self._path = _schemes.choose_path(self._spec)
+        """Chooses the numeric path and value rule (nn/_paths.py) of this configuration."""
+        self._values = _paths.choose_values(self._spec)
+        self._path = _paths.choose_path(self._spec)
 
     def _values_now(self) -> Any:
         """The value rule of this call: LSQ while a learned range learns
         (``learn_amax_method``), torch's own operators with ``TensorQuantizer.use_fb_fake_quant``
         (except while exporting), else the configuration's."""
         values = self._values
-        if values is _schemes.FAKE_INTEGER:
+        if values is _paths.FAKE_INTEGER:
             if (self._spec.learn_amax and type(self).learn_amax_method == "lsq" and torch.is_grad_enabled()
                     and not torch.onnx.is_in_onnx_export()):
-                return _schemes.LSQ
+                return _paths.LSQ
             if TensorQuantizer._use_fb_fake_quant and not (self._export_mode() or torch.onnx.is_in_onnx_export()):
-                return _schemes.TORCH_NATIVE
+                return _paths.TORCH_NATIVE
         return values
 
     def _quant_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The quantizer computes (the value rule of this call, the amax its path needs), the
-        path transforms (nn/_schemes.py); a real quantization's scale is kept as ``scale``."""
+        path transforms (nn/_paths.py); a real quantization's scale is kept as ``scale``."""
         values = self._values_now()
         inputs, amax, check_values = self._path_amax(inputs, values)
         outputs, scale = self._path(self._spec, inputs, amax, values, check_values)

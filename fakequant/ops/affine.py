@@ -6,7 +6,7 @@ from typing import Literal, Optional, Tuple, overload
 import torch
 
 from .._core import check_int, check_tensor, exporting, lower_symbolically, refuse_untranslated
-from .. import _composite, reference
+from ..composite import compiled, rules
 from .._core.errors import ValueAndRuntimeError
 from ._common import (
     TensorOrNumber,
@@ -90,9 +90,9 @@ def _affine(
                                  pack_mask)
     if lowered is not None:  # (a plain torch.onnx.export: the ONNX nodes)
         return lowered
-    if pack_mask and _composite.active():  # the callers with pack_mask=True take the output only
+    if pack_mask and compiled.active():  # the callers with pack_mask=True take the output only
         _check_meta(input, scale=scale, zero_point=zero_point)
-        return _composite.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max), None
+        return compiled.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max), None
     return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask)
 
 
@@ -140,7 +140,7 @@ def fake_quantize_per_channel_affine(
     follows torch's rule for that case, as torch does whatever its values (torch.ao's
     float qparams, zero points with fractions such as 127.336): the zero point is added
     before rounding, ``(clamp(rint(x / s + zp), quant_min, quant_max) - zp) * s``
-    (:func:`fakequant.reference.fake_quantize_affine_float_zero_point`); an ONNX export
+    (:func:`fakequant.composite.rules.fake_quantize_affine_float_zero_point`); an ONNX export
     writes that arithmetic (no QDQ pair holds a fractional zero point).
 
     ``scale`` is float32 or bfloat16, as torch's takes (TypeError and RuntimeError otherwise).
@@ -155,11 +155,11 @@ def fake_quantize_per_channel_affine(
 def float_zero_point_rule(input: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int,
                           quant_min: int, quant_max: int, gradient: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(y, bool mask)`` of torch's rule for a floating-point zero point
-    (:func:`fakequant.reference.fake_quantize_affine_float_zero_point`; ``axis`` >= 0), the
+    (:func:`fakequant.composite.rules.fake_quantize_affine_float_zero_point`; ``axis`` >= 0), the
     gradient passing where the mask is set. Plain PyTorch (it serves torch.ao's float-qparams
     embeddings, which save the bool mask), so that TorchScript compiles it too.
     ``gradient=False`` (an export): the values alone."""
-    y, mask = reference.fake_quantize_affine_float_zero_point(input, scale, zero_point, axis, quant_min, quant_max)
+    y, mask = rules.fake_quantize_affine_float_zero_point(input, scale, zero_point, axis, quant_min, quant_max)
     if gradient and input.requires_grad:
         # value: y (input - input is +0 where the mask is set); gradient: the mask's
         y = y + torch.where(mask, input - input.detach(), torch.zeros_like(input))

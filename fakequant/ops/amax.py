@@ -15,7 +15,7 @@ from .._core import (
     lower_symbolically,
     refuse_untranslated,
 )
-from .. import _composite
+from ..composite import compiled
 from ._common import TensorOrNumber, _AMAX, _check_meta, _first, _new_mask, _ops
 
 
@@ -132,9 +132,9 @@ def fake_quantize_amax(
         if return_mask:
             raise ValueError("fakequant: return_mask=True has no mask to return with pass_through=True")
         return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range, check_values)
-    if not return_mask and _composite.active():
+    if not return_mask and compiled.active():
         _check_meta(input, amax=amax)
-        return _composite.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
+        return compiled.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
     return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values), return_mask)
 
 

@@ -13,7 +13,7 @@ from .._core import (
     lower_symbolically,
     refuse_untranslated,
 )
-from .. import _composite
+from ..composite import compiled
 from ._common import TensorOrNumber, _SCALE_AMAX, _check_meta, _new_mask, _ops, along_last_axis
 
 
@@ -149,10 +149,10 @@ def fake_quantize_blockwise(
                                      exponent_bits, scale_amax, check_values, e8m0_scale, centered)
         if lowered is not None:
             return lowered[0]
-        if _composite.active():
+        if compiled.active():
             _check_meta(x, **({} if scale_amax is None else {"scale_amax": scale_amax}))
             _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
-            return _composite.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
+            return compiled.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
                                                       scale_amax, check_values, e8m0_scale, centered)
         return _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
                                             scale_amax, check_values, e8m0_scale, centered)[0]

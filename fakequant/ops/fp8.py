@@ -4,7 +4,7 @@ from typing import Literal, Tuple, Union, overload
 import torch
 
 from .._core import FP8_FORMATS, check_bool, check_fp8_format, check_tensor, lower_symbolically, refuse_untranslated
-from .. import _composite
+from ..composite import compiled
 from ._common import TensorOrNumber, _AMAX, _check_meta, _first, _new_mask, _ops
 
 
@@ -87,7 +87,7 @@ def fake_quantize_fp8(
     lowered = lower_symbolically("fake_quantize_fp8", input, amax, exponent_bits, mantissa_bits, check_values)
     if lowered is not None:
         return _first(lowered, return_mask)
-    if not return_mask and _composite.active():
+    if not return_mask and compiled.active():
         _check_meta(input, amax=amax)
-        return _composite.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values)
+        return compiled.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values)
     return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values), return_mask)

@@ -4,7 +4,7 @@ These follow llama.cpp's rule, not the library's numerics contract (docs/design.
 codes come from multiplying by the reciprocal of a float32 block scale and rounding halves
 away from zero (Q8_0) or adding 8.5 and truncating (Q4_0), and the values from the scale
 rounded to float16, as the GGUF file stores it. The rule is written once, in plain PyTorch
-(:func:`fakequant.reference.fake_quantize_ggml`); this function checks the arguments and
+(:func:`fakequant.composite.rules.fake_quantize_ggml`); this function checks the arguments and
 gives it the straight-through gradient of every other operator (the mask of the rule, kept
 as a bool tensor). There is no C++ kernel:
 the rule is a handful of elementwise passes, and llama.cpp's (not ONNX's) is the target, so an
@@ -12,7 +12,7 @@ ONNX export of it is refused.
 """
 import torch
 
-from .. import reference
+from ..composite import rules
 from .._core import GGML_BLOCK_TYPES, check_int, check_tensor
 from ._common import along_last_axis
 
@@ -24,7 +24,7 @@ class _GGMLBlocks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, block_size, num_bits):
-        y, mask = reference.fake_quantize_ggml(x, block_size, num_bits)
+        y, mask = rules.fake_quantize_ggml(x, block_size, num_bits)
         ctx.save_for_backward(mask)
         return y
 
@@ -40,7 +40,7 @@ def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int 
     GGUF files; a row's last block may be shorter), one float16 scale each. The output equals
     ``gguf.quants.dequantize(gguf.quants.quantize(x, type), type)`` bit for bit (the sign of zero
     included) for float32 ``x`` whose rows are multiples of 32; other dtypes compute in float32
-    and round the result once to their own. The rule: :func:`fakequant.reference.fake_quantize_ggml`.
+    and round the result once to their own. The rule: :func:`fakequant.composite.rules.fake_quantize_ggml`.
 
     The gradient passes where the element did not saturate (only Q4_0 saturates: elements of
     the sign opposite to the block's largest one, beyond 7.5 steps) and the output is finite.

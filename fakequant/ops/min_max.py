@@ -5,7 +5,7 @@ from typing import Literal, Tuple, Union, overload
 import torch
 
 from .._core import check_integer_num_bits, check_tensor, lower_symbolically, refuse_untranslated
-from .. import _composite
+from ..composite import compiled
 from ._common import TensorOrNumber, _MIN_MAX, _check_meta, _first, _new_mask, _ops
 
 
@@ -67,7 +67,7 @@ def fake_quantize_min_max(
     lowered = lower_symbolically("fake_quantize_min_max", input, min_range, max_range, num_bits)
     if lowered is not None:
         return _first(lowered, return_mask)
-    if not return_mask and _composite.active():
+    if not return_mask and compiled.active():
         _check_meta(input, min_range=min_range, max_range=max_range)
-        return _composite.fake_quantize_min_max(input, min_range, max_range, num_bits)
+        return compiled.fake_quantize_min_max(input, min_range, max_range, num_bits)
     return _first(_ops.fake_quantize_min_max(input, min_range, max_range, num_bits), return_mask)

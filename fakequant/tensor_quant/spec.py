@@ -15,7 +15,7 @@ __all__ = ["QuantSpec"]
 @dataclasses.dataclass(frozen=True)
 class QuantSpec:
     """The configuration of a :class:`~fakequant.nn.TensorQuantizer`, read by its numeric
-    paths (``fakequant.nn._schemes``) and its calibrator. Frozen: a quantizer's setters
+    paths (``fakequant.nn._paths``) and its calibrator. Frozen: a quantizer's setters
     replace it (``dataclasses.replace``), and ``__post_init__`` checks the values that can
     change that way.
 
