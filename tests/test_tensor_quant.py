@@ -303,3 +303,16 @@ def test_descriptor_pickled_with_private_fields_loads():
     d = QuantDescriptor.__new__(QuantDescriptor)
     d.__setstate__({"_num_bits": 4, "_name": "w", "_axis": 0, "_amax": np.array([1.0], dtype=np.float32)})
     assert d == QuantDescriptor(num_bits=4, name="w", axis=0, amax=[1.0])
+
+
+def test_the_inverse_scale_has_one_name_and_the_old_one_warns():
+    # (docs/design.md, "Scale": in fakequant's names a scale is amax / bound; tensor_quant's is bound / amax)
+    x = torch.tensor([0.5, -1.0, 2.0], dtype=torch.half)
+    outputs, scale = tensor_quant.tensor_quant(x, 2.0)
+    assert bits_equal(scale, torch.tensor(127 / 2.0, dtype=torch.half))
+    inverse = torch.tensor(127 / 2.0)
+    with pytest.warns(DeprecationWarning, match="scale_in_input_dtype is now inverse_scale_in_input_dtype"):
+        old = tensor_quant.scale_in_input_dtype(inverse, x, 2.0)
+    assert bits_equal(old, tensor_quant.inverse_scale_in_input_dtype(inverse, x, 2.0))
+    with pytest.raises(ValueError, match="scale is too large for FP16"):
+        tensor_quant.inverse_scale_in_input_dtype(torch.tensor(127 / 1e-4), x, 1e-4)

@@ -23,7 +23,7 @@ import torch
 
 from .. import _core, ops
 from ..composite import rules
-from ..tensor_quant import scale_in_input_dtype
+from ..tensor_quant import inverse_scale_in_input_dtype
 from ._input_amax import blocked_view
 
 __all__ = ["AMAX", "LEARNED", "DYNAMIC_BLOCKS", "STATIC_BLOCKS", "FAKE_INTEGER", "TORCH_NATIVE", "LSQ", "FP8",
@@ -98,9 +98,9 @@ class _Real:
     dtype (the quantizer's ``scale``)."""
 
     def __call__(self, spec, inputs, amax, check_values=True):
-        outputs, scale = ops.quantize_amax(inputs, amax, spec.num_bits, spec.unsigned, spec.narrow_range,
-                                           check_values=check_values)
-        return outputs, scale_in_input_dtype(scale, inputs, amax)
+        outputs, inverse_scale = ops.quantize_amax(inputs, amax, spec.num_bits, spec.unsigned, spec.narrow_range,
+                                                   check_values=check_values)
+        return outputs, inverse_scale_in_input_dtype(inverse_scale, inputs, amax)
 
 
 FAKE_INTEGER, TORCH_NATIVE, LSQ, FP8, REAL = _FakeInteger(), _TorchNative(), _LSQ(), _FP8(), _Real()

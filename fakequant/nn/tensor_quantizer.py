@@ -145,7 +145,9 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
 
     @property
     def scale(self) -> Optional[Union[float, torch.Tensor]]:
-        """The scale of the last real (``fake_quant=False``) quantization; 1.0 in fake mode."""
+        """pytorch-quantization's scale of the last real (``fake_quant=False``) quantization,
+        ``bound / amax``: the one public name in which a scale is not fakequant's ``amax / bound``
+        (docs/design.md, "Scale"); 1.0 in fake mode."""
         if self._scale is None:
             warnings.warn("TensorQuantizer.scale read before any tensor was quantized", stacklevel=2)
         return self._scale

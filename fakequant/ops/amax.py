@@ -188,15 +188,15 @@ def quantize_amax(
     check_values: bool = True,
 ) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """pytorch-quantization's ``tensor_quant``: the integer values (in input's
-    dtype) and the scale ``bound / amax`` they were multiplied by (1 where
-    ``amax <= 2^-24``), so that ``output / scale`` dequantizes; and the packed
-    mask third with ``return_mask=True``. ``check_values`` as in
-    :func:`fake_quantize_amax`."""
+    dtype) and the inverse scale ``bound / amax`` they were multiplied by (1 where
+    ``amax <= 2^-24``; pytorch-quantization calls it the scale), so that
+    ``output / inverse_scale`` dequantizes; and the packed mask third with
+    ``return_mask=True``. ``check_values`` as in :func:`fake_quantize_amax`."""
     input, amax, num_bits, check_values = _amax_args(input, amax, num_bits, check_values)
     lowered = lower_symbolically("quantize_amax", input, amax, num_bits, unsigned, narrow_range, check_values)
     output, mask = lowered if lowered is not None else _ops.quantize_amax(input, amax, num_bits, unsigned,
                                                                           narrow_range, check_values)
     amax32 = amax.float()
     bound = float(amax_bound(num_bits, unsigned))
-    scale = torch.where(amax32 <= AMAX_EPSILON, torch.ones_like(amax32), bound / amax32)
-    return (output, scale, mask) if return_mask else (output, scale)
+    inverse_scale = torch.where(amax32 <= AMAX_EPSILON, torch.ones_like(amax32), bound / amax32)
+    return (output, inverse_scale, mask) if return_mask else (output, inverse_scale)

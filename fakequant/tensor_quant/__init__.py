@@ -31,6 +31,7 @@ from .functions import (
     TensorQuantFunction,
     fake_affine_tensor_quant,
     fake_tensor_quant,
+    inverse_scale_in_input_dtype,
     legacy_fake_tensor_quant,
     scale_in_input_dtype,
     scaled_e4m3,

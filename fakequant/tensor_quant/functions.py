@@ -9,6 +9,7 @@ differ by one step at exact ties.
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any, Optional, Tuple, Union
 
 import torch
@@ -72,18 +73,27 @@ def tensor_quant(
     inputs: torch.Tensor, amax: Amax, num_bits: int = 8, unsigned: bool = False, narrow_range: bool = True
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Quantizes ``inputs``: returns ``(outputs, scale)`` with integer-valued
-    ``outputs`` (in ``inputs``' dtype) and ``scale = bound / amax`` (1 where
-    amax is 0) in ``inputs``' dtype, so that ``outputs / scale`` dequantizes.
+    ``outputs`` (in ``inputs``' dtype) and pytorch-quantization's ``scale = bound / amax``
+    (1 where amax is 0; the inverse of fakequant's scale ``amax / bound``) in ``inputs``'
+    dtype, so that ``outputs / scale`` dequantizes.
     Differentiable in ``inputs`` (straight-through with clipping)."""
-    outputs, scale = ops.quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
-    return outputs, scale_in_input_dtype(scale, inputs, amax)
+    outputs, inverse_scale = ops.quantize_amax(inputs, _amax_like(amax, inputs), num_bits, unsigned, narrow_range)
+    return outputs, inverse_scale_in_input_dtype(inverse_scale, inputs, amax)
+
+
+def inverse_scale_in_input_dtype(inverse_scale: torch.Tensor, inputs: torch.Tensor, amax: Amax) -> torch.Tensor:
+    """``bound / amax`` (:func:`tensor_quant`'s and ``TensorQuantizer.scale``'s, pytorch-quantization's
+    ``scale``) in ``inputs``' dtype; a ValueError where it overflows float16."""
+    if inputs.dtype == torch.half and inverse_scale.device.type == "cpu" and bool((inverse_scale > 65504).any()):
+        raise ValueError(f"scale is too large for FP16: the scale bound / amax overflows float16 for amax={amax}")
+    return inverse_scale.to(inputs.dtype)
 
 
 def scale_in_input_dtype(scale: torch.Tensor, inputs: torch.Tensor, amax: Amax) -> torch.Tensor:
-    """``tensor_quant``'s scale in ``inputs``' dtype (for TensorQuantizer too)."""
-    if inputs.dtype == torch.half and scale.device.type == "cpu" and bool((scale > 65504).any()):
-        raise ValueError(f"scale is too large for FP16: the scale bound / amax overflows float16 for amax={amax}")
-    return scale.to(inputs.dtype)
+    """Deprecated: :func:`inverse_scale_in_input_dtype` (in fakequant's names a scale is ``amax / bound``)."""
+    warnings.warn("fakequant.tensor_quant.scale_in_input_dtype is now inverse_scale_in_input_dtype (in fakequant's "
+                  "names a scale is amax / bound; this one is bound / amax)", DeprecationWarning, stacklevel=2)
+    return inverse_scale_in_input_dtype(scale, inputs, amax)
 
 
 def fake_affine_tensor_quant(
@@ -166,10 +176,11 @@ class TensorQuantFunction(torch.autograd.Function):
         narrow_range: bool = True,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         amax = _amax_like(amax, inputs)
-        outputs, scale, mask = ops.quantize_amax(inputs, amax, num_bits, unsigned, narrow_range, return_mask=True)
+        outputs, inverse_scale, mask = ops.quantize_amax(inputs, amax, num_bits, unsigned, narrow_range,
+                                                         return_mask=True)
         outputs = _output_and_mask(ctx, (outputs, mask))
-        ctx.mark_non_differentiable(scale)
-        return outputs, scale_in_input_dtype(scale, inputs, amax)
+        ctx.mark_non_differentiable(inverse_scale)
+        return outputs, inverse_scale_in_input_dtype(inverse_scale, inputs, amax)
 
     @staticmethod
     def backward(
