@@ -7,6 +7,7 @@ a function body counts as much as one at the top of a file.
 """
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -258,3 +259,34 @@ def test_scale_bits_literals_only_in_the_formats_module():
 ])
 def test_the_scale_bits_check_sees_the_spellings(source, found):
     assert bool(scale_bits_literals(source)) == found
+
+
+# --- docs/layout.md names every root module and subpackage -----------------------------------
+
+LAYOUT = ROOT.parent / "docs" / "layout.md"
+
+
+def root_names():
+    """The root modules of fakequant/ (sources, and the compiled ones by their stubs) and its
+    subpackages."""
+    return ({p.stem for p in ROOT.glob("*.py")} | {p.stem for p in ROOT.glob("*.pyi")}
+            | {d.name for d in ROOT.iterdir() if (d / "__init__.py").is_file()})
+
+
+def layout_names(text):
+    """The root modules and subpackages a text names as fakequant/NAME (fakequant/_core/,
+    fakequant/_version.py, fakequant/_C)."""
+    return set(re.findall(r"(?<![\w./])fakequant/(\w+)", text))
+
+
+@pytest.mark.skipif(not LAYOUT.is_file(), reason="docs/ is not installed with the package")
+def test_layout_names_every_root_module_and_subpackage():
+    named, actual = layout_names(LAYOUT.read_text()), root_names()
+    assert not actual - named, f"docs/layout.md does not say where these are: {sorted(actual - named)}"
+    assert not named - actual, f"docs/layout.md names what fakequant/ does not hold: {sorted(named - actual)}"
+
+
+def test_the_layout_check_reads_paths():
+    assert layout_names("fakequant/_core/ x\nfakequant/_C, fakequant/_build\nsee fakequant/nn/_paths.py, "
+                        "tests/fakequant/x, fakequant._C") == {"_core", "_C", "_build", "nn"}
+    assert {"__init__", "__main__", "_C", "_build", "_core", "models", "quant_modules"} <= root_names()
