@@ -3,7 +3,10 @@ it, and no two parts of fakequant/ depend on each other.
 
 The import graph is read from the source with ``ast`` (every ``import`` and ``from ...
 import``, relative ones resolved, function-local ones included), so an import hidden in
-a function body counts as much as one at the top of a file.
+a function body counts as much as one at the top of a file. Also here, as facts about the
+package's structure: the package imports the new paths of moved modules, not their old ones
+(fakequant/_moved.py); a block-scale format's tuple is written in one place; docs/layout.md
+names every root module and subpackage.
 """
 import ast
 import pathlib

@@ -153,7 +153,7 @@ def test_first_calls_of_a_process_from_many_threads():
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
 
-def test_export_switches_are_per_thread():
+def test_export_state_is_per_thread():
     """enable_onnx_export on one thread changes nothing on another: an uncalibrated
     quantizer still runs there, and the export options stay the defaults."""
     q = quant_nn.TensorQuantizer(QuantDescriptor())  # no amax: the export mode refuses it
