@@ -54,7 +54,8 @@ def test_register_adds_a_format_once(monkeypatch):
 def test_the_refusal_is_a_value_error_naming_what_and_the_format():
     e = _Plain().refuse("model.layers.0.mlp.up_proj.weight_quantizer", "a reason")
     assert isinstance(e, ValueError) and isinstance(e, _base.ExportRefused)
-    assert str(e) == "model.layers.0.mlp.up_proj.weight_quantizer: a reason; plain cannot describe it (nothing was written)"
+    assert str(e) == ("model.layers.0.mlp.up_proj.weight_quantizer: a reason; plain cannot describe it "
+                      "(nothing was written)")
     assert str(_base.refusal("m.experts", "why")) == "m.experts: why (nothing was written)"
 
 

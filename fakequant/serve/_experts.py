@@ -142,16 +142,16 @@ def plan_experts(model: torch.nn.Module, fmt: ServingFormat) -> ExpertsPlan:
             continue  # (written by save_pretrained as the model type writes it)
         if layout is None:
             raise refusal(name, f"quantized experts of a {model_type!r} model ({type(module).__name__}): "
-                                        f"the export writes the per-expert layout of {sorted(LAYOUTS)} models only, "
-                                        "which transformers' compressed-tensors loader stacks into its fused experts "
-                                        "(gpt-oss checkpoints keep their experts in a format of their own)")
+                                f"the export writes the per-expert layout of {sorted(LAYOUTS)} models only, "
+                                "which transformers' compressed-tensors loader stacks into its fused experts "
+                                "(gpt-oss checkpoints keep their experts in a format of their own)")
         if getattr(module, "is_transposed", False) or getattr(module, "has_bias", False):
             raise refusal(name, "transposed experts or experts with biases (the per-expert layout has "
-                                        "neither)")
+                                "neither)")
         projections = _fused.expert_projections(module)
         if set(projections) != set(layout.projections):
             raise refusal(name, f"expert projections {list(projections)}, the layout has "
-                                        f"{list(layout.projections)}")
+                                f"{list(layout.projections)}")
         prefix = name
         for old, new in layout.renames:
             prefix = prefix.replace(old, new)
@@ -173,7 +173,7 @@ def plan_experts(model: torch.nn.Module, fmt: ServingFormat) -> ExpertsPlan:
             where = f"{name}.{proj}_weight_quantizer"
             if not _enabled(wq):
                 raise refusal(where, "float expert weights in quantized experts (the format quantizes the "
-                                             "experts' weights, or none)")
+                                     "experts' weights, or none)")
             if isinstance(wq, QuantizerList) and fmt.per_expert_weight_quantizers is not None:
                 raise refusal(where, fmt.per_expert_weight_quantizers)
             assert isinstance(wq, (TensorQuantizer, QuantizerList))  # (what _enabled accepts)
@@ -185,7 +185,7 @@ def plan_experts(model: torch.nn.Module, fmt: ServingFormat) -> ExpertsPlan:
                 w_args, tensors, target = exact_weight(fmt, f"{where} (expert {e})", q, weight[e])
                 if not bits_equal(target, fake[e]):
                     raise refusal(where, f"expert {e}'s weight read as a Linear layer's is not the experts' "
-                                                 "forward's")
+                                         "forward's")
                 i_args, i_tensors = (None, {}) if iq is None else fmt.input(f"{name}.{proj}_input_quantizer.{e}",
                                                                          iq[e])
                 tensors.update(i_tensors)

@@ -29,11 +29,11 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from .. import _core, pretrained, reference
+from .. import _core, reference
 from .._core import BlockScales
-from ..nn.tensor_quantizer import TensorQuantizer
 from ._base import LayerPlan, ServingFormat, bits_equal, format_named, refusal, register
 from ._experts import ExpertsPlan
+from ._hf import check_arguments, save
 from ._plan import ModelPlan, plan_model
 from ._scales import (check_common, codes_of, expand, group_amax, last_axis_block, per_row_or_tensor_amax,
                       static_amax, tensor_amax_of_blocks)
@@ -95,7 +95,8 @@ class CompressedTensors(ServingFormat):
         fmt = q.num_bits
         block = last_axis_block(q, 2)
         if block is not None and not block[0]:
-            raise self.refuse(where, f"block_sizes={q.block_sizes}: the format's groups run along the input features only")
+            raise self.refuse(where, f"block_sizes={q.block_sizes}: the format's groups run along the input "
+                                     "features only")
         size = None if block is None else block[1]
         if size is None and block is not None:
             raise self.refuse(where, "one block per row (block_sizes {-1: None}): use axis=0 for per-channel weights")
@@ -128,7 +129,7 @@ class CompressedTensors(ServingFormat):
 
         if fmt not in (_E2M1, _E4M3) or q.scale_format not in (BlockScales.E4M3, BlockScales.E8M0):
             raise self.refuse(where, f"num_bits={fmt} with scale_bits={q.scale_bits}: the format has E4M3 and E2M1 "
-                                 "elements (FP8, NVFP4, MXFP4, MXFP8)")
+                                     "elements (FP8, NVFP4, MXFP4, MXFP8)")
         if q.scale_format is BlockScales.E8M0:
             # MX: s = 2^clamp(floor(log2 amax) - emax, -127, 127), stored as the biased exponent
             if size != _MX_BLOCK:
@@ -143,7 +144,7 @@ class CompressedTensors(ServingFormat):
             # NVFP4: s = e4m3(fp32(amax / 6) / g) * g, g = fp32(scale_amax) / (6 * 448)
             if fmt != _E2M1 or size != _NVFP4_BLOCK:
                 raise self.refuse(where, f"num_bits={fmt} in blocks of {size} with E4M3 block scales: the format's "
-                                     f"NVFP4 is E2M1 in groups of {_NVFP4_BLOCK}")
+                                         f"NVFP4 is E2M1 in groups of {_NVFP4_BLOCK}")
             amax = group_amax(self, where, q, w, size)
             scale_amax = tensor_amax_of_blocks(q)
             scale_amax = w.abs().amax() if scale_amax is None else scale_amax
@@ -159,9 +160,9 @@ class CompressedTensors(ServingFormat):
             global_scale = _search_global_scale(g, tensors["weight_scale"], codes, target)
             if global_scale is None:
                 raise self.refuse(where, f"no float32 global scale G makes the format's block scales (E4M3 code / G) "
-                                     f"reproduce fakequant's (E4M3 code * {g.item()!r}) in {target.dtype} weights "
-                                     "(compressed-tensors decompresses FP4 weights to bfloat16: export a bfloat16 "
-                                     "model, model.to(torch.bfloat16))")
+                                         f"reproduce fakequant's (E4M3 code * {g.item()!r}) in {target.dtype} weights "
+                                         "(compressed-tensors decompresses FP4 weights to bfloat16: export a bfloat16 "
+                                         "model, model.to(torch.bfloat16))")
             tensors["weight_global_scale"] = global_scale
             args = {"strategy": "tensor_group", "group_size": size, "scale_dtype": "torch.float8_e4m3fn",
                     "zp_dtype": "torch.float8_e4m3fn"}
@@ -182,10 +183,11 @@ class CompressedTensors(ServingFormat):
         check_common(self, where, q)
         if q.learn_amax:
             raise self.refuse(where, "a learned range: fakequant clips the inputs to its bounds before quantizing, the "
-                                 "format clamps them to the full signed range")
+                                     "format clamps them to the full signed range")
         if q.narrow_range and isinstance(q.num_bits, int):
-            raise self.refuse(where, f"a narrow range [-{_core.amax_bound(q.num_bits)}, {_core.amax_bound(q.num_bits)}]: "
-                                 "the format rounds activations to the full signed range")
+            limit = _core.amax_bound(q.num_bits)
+            raise self.refuse(where, f"a narrow range [-{limit}, {limit}]: "
+                                     "the format rounds activations to the full signed range")
         fmt = q.num_bits
         block = last_axis_block(q, 2)
         bits = fmt if isinstance(fmt, int) else 0
@@ -208,13 +210,13 @@ class CompressedTensors(ServingFormat):
                 bound = float(_core.amax_bound(bits)) if is_int else _core.float_format_max(_E4M3)
                 scale = reference.amax_scale(static.reshape(1), bound)
                 return {**base, "strategy": "tensor", "dynamic": False}, {"input_scale": scale}
-            raise self.refuse(where, f"axis={q.axis!r}, block_sizes={q.block_sizes}: the format's activation scales are "
-                                 "per tensor or per token (block_sizes {-1: None}, dynamic)")
+            raise self.refuse(where, f"axis={q.axis!r}, block_sizes={q.block_sizes}: the format's activation "
+                                     "scales are per tensor or per token (block_sizes {-1: None}, dynamic)")
         if q.scale_format is BlockScales.E4M3 and fmt == _E2M1 and block == (True, _NVFP4_BLOCK):
             tensor_amax = tensor_amax_of_blocks(q)
             if tensor_amax is None:
                 raise self.refuse(where, "NVFP4 activations without a calibrated per-tensor amax: the format's global "
-                                     "activation scale is static (calibrate first: fakequant.calibrate)")
+                                         "activation scale is static (calibrate first: fakequant.calibrate)")
             amax = tensor_amax.reshape(1)
             global_scale = torch.full_like(amax, _core.float_format_max(_E4M3) * _core.float_format_max(_E2M1)) / amax
             return ({**base, "strategy": "tensor_group", "dynamic": "local", "group_size": _NVFP4_BLOCK,
@@ -223,8 +225,8 @@ class CompressedTensors(ServingFormat):
         if q.scale_format is BlockScales.E8M0 and block == (True, _MX_BLOCK):
             return ({**base, "strategy": "group", "dynamic": True, "group_size": _MX_BLOCK,
                      "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}, {})
-        raise self.refuse(where, f"num_bits={fmt}, block_sizes={q.block_sizes}, scale_bits={q.scale_bits}: no activation "
-                             "scheme of the format matches")
+        raise self.refuse(where, f"num_bits={fmt}, block_sizes={q.block_sizes}, scale_bits={q.scale_bits}: no "
+                                 "activation scheme of the format matches")
 
     def export(self, model: torch.nn.Module, directory: Any, **kwargs: Any) -> Dict[str, Any]:
         return export_compressed_tensors(model, directory, **kwargs)
@@ -319,18 +321,18 @@ def check_expert_formats(experts: ExpertsPlan, formats: Dict[str, str], first_fo
     fmt = formats[names[0]] if names else first_format
     if experts.floats and fmt != "float-quantized":
         raise refusal(experts.floats[0], f"experts left in float beside {fmt!r} weights: transformers' "
-                                                 "compressed-tensors loader dequantizes every expert with one "
-                                                 "scheme and drops float expert weights unless it is FP8 "
-                                                 "('float-quantized'); quantize the experts too")
+                                         "compressed-tensors loader dequantizes every expert with one "
+                                         "scheme and drops float expert weights unless it is FP8 "
+                                         "('float-quantized'); quantize the experts too")
     first_key = _scheme_key(experts.plans[names[0]]) if names else None
     for module, (_, members) in experts.modules.items():
         if any(_scheme_key(experts.plans[n]) != first_key for n in members):
             raise refusal(module, "experts quantized with different schemes (transformers loads every expert "
-                                          "of a model with one config group)")
+                                  "of a model with one config group)")
         fmt = formats[members[0]]
         if fmt not in LOADABLE_FORMATS:
             raise refusal(module, f"experts stored as {fmt!r}: transformers' compressed-tensors loader "
-                                          f"dequantizes experts stored as {list(LOADABLE_FORMATS)} only")
+                                  f"dequantizes experts stored as {list(LOADABLE_FORMATS)} only")
 
 
 def _stored(ct: Any, fmt: str, tensors: Dict[str, torch.Tensor], w_args: Dict[str, Any], shape: Tuple[int, ...]) -> Dict[str, torch.Tensor]:
@@ -373,16 +375,7 @@ def export_compressed_tensors(model: torch.nn.Module, directory: Union[str, "os.
     in ``ignore`` by its full name. A quantizer the format cannot describe raises a ValueError
     that names it, before anything is written.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not callable(getattr(model, "save_pretrained", None)) or getattr(model, "config", None) is None:
-        raise TypeError(f"model must be a transformers PreTrainedModel (with config and save_pretrained), "
-                        f"got {type(model).__name__}")
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
-    if tokenizer is not None and not callable(getattr(tokenizer, "save_pretrained", None)):
-        raise TypeError(f"tokenizer must have save_pretrained (a transformers tokenizer or processor), "
-                        f"got {type(tokenizer).__name__}")
+    check_arguments(model, directory, tokenizer)
     ct = format_named(CompressedTensors.name).library()
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig
@@ -394,20 +387,7 @@ def export_compressed_tensors(model: torch.nn.Module, directory: Union[str, "os.
     config = QuantizationConfig(config_groups=groups, ignore=ignore, quantization_status="compressed",
                                 format=single_format.pop() if len(single_format) == 1 else "mixed-precision")
 
-    quantizer_prefixes = tuple(f"{name}." for name, m in model.named_modules() if isinstance(m, TensorQuantizer))
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith(quantizer_prefixes)}
-    for name in experts.replaced:
-        del state[name]
-    for name, p in plans.items():
-        state.pop(f"{name}.weight", None)  # (the experts' are in the fused parameters, replaced)
-        for local, tensor in _stored(ct, formats[name], p.tensors, p.weights, p.shape).items():
-            state[f"{name}.{local}"] = tensor.contiguous()
-
-    os.makedirs(directory, exist_ok=True)
-    hf_model: Any = model
-    with pretrained.detached(hf_model):  # (compressed-tensors' quantization_config, not fakequant's)
-        hf_model.save_pretrained(directory, state_dict=state, max_shard_size=max_shard_size)
+    stored = {name: _stored(ct, formats[name], p.tensors, p.weights, p.shape) for name, p in plans.items()}
+    save(model, directory, stored, experts.replaced, tokenizer, max_shard_size)
     ModelCompressor(quantization_config=config).update_config(os.fspath(directory))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
     return dict(config.model_dump(exclude={"quant_method"}), quant_method="compressed-tensors")

@@ -90,7 +90,8 @@ class GGUF(ServingFormat):
         gguf = self.library()
         qtype = gguf.GGMLQuantizationType[kind]
         blocks = gguf.quants.quantize(weight.detach().cpu().float().numpy(), qtype)
-        return {"type": kind}, {"weight": torch.from_numpy(blocks)}, torch.from_numpy(gguf.quants.dequantize(blocks, qtype))
+        dequantized = torch.from_numpy(gguf.quants.dequantize(blocks, qtype))
+        return {"type": kind}, {"weight": torch.from_numpy(blocks)}, dequantized
 
     def input(self, where: str, q: Any) -> Tuple[Optional[Dict[str, Any]], Dict[str, torch.Tensor]]:
         return (None if not q.is_enabled else {"type": self._kind(where, q, "input")}), {}
