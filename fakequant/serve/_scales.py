@@ -1,8 +1,9 @@
 """A Linear weight quantizer read as the scales and codes a checkpoint stores, shared by the
 formats that store codes and scales: its amax (static, learned or the weight's) per tensor,
 per output channel or per group of input features, and the codes of its output divided by
-the scales (the rule's codes, ``fakequant.reference.element_codes``). The rule from amax to
-scales is asked of ``fakequant.reference.block_scales`` by the format."""
+the scales (the rule's codes, ``fakequant.reference.element_codes``), the scales asked of the
+rule from amax to scales (``fakequant.reference.block_scales``): one level (:func:`one_level`)
+or NVFP4's two (:func:`nvfp4`)."""
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple
@@ -13,8 +14,8 @@ from .. import reference
 from .._core import BlockScales
 from ._base import ServingFormat
 
-__all__ = ["check_common", "codes_of", "expand", "group_amax", "last_axis_block", "per_row_or_tensor_amax",
-           "static_amax", "tensor_amax_of_blocks"]
+__all__ = ["check_common", "codes_of", "expand", "group_amax", "last_axis_block", "nvfp4", "one_level",
+           "per_row_or_tensor_amax", "static_amax", "tensor_amax_of_blocks"]
 
 
 def check_common(fmt: ServingFormat, where: str, q: Any) -> None:
@@ -104,3 +105,34 @@ def codes_of(q: Any, y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     s = expand(scale, y)
     divided = torch.where(s == 0, y, y / torch.where(s == 0, torch.ones_like(s), s))
     return reference.element_codes(divided, num_bits, False, q.narrow_range, exponent_bits)[0]
+
+
+def one_level(fmt: ServingFormat, where: str, q: Any, w: torch.Tensor, y: torch.Tensor, size: Optional[int]
+              ) -> Tuple[torch.Tensor, torch.Tensor, str]:
+    """(scales, codes, ``"tensor"``, ``"channel"`` or ``"group"``) of a weight quantizer with one
+    level of scales, s = fp32(amax) / bound (int: 2^(b-1) - 1, E4M3: 448; amax <= 2^-24 gives 0),
+    per tensor or output channel (``size`` None) or per group of ``size`` input features; ``y``:
+    the quantizer's output on the float32 weight ``w``."""
+    if size is None:
+        amax, strategy = per_row_or_tensor_amax(fmt, where, q, w)
+    else:
+        amax, strategy = group_amax(fmt, where, q, w, size), "group"
+    num_bits, exponent_bits = reference.block_element(q.num_bits)
+    scale = reference.block_scales(amax, num_bits, False, exponent_bits).scale
+    return scale, codes_of(q, y, scale), strategy
+
+
+def nvfp4(fmt: ServingFormat, where: str, q: Any, w: torch.Tensor, y: torch.Tensor, size: int
+          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(E2M1 codes, E4M3 block scales (float8_e4m3fn; 0 in a degenerate block), the float32
+    per-tensor scale g) of NVFP4 weights, whose scale is s = e4m3(fp32(amax / 6) / g) * g with
+    g = fp32(scale_amax) / (6 * 448): the calibrated per-tensor amax, else the weight's."""
+    amax = group_amax(fmt, where, q, w, size)
+    scale_amax = tensor_amax_of_blocks(q)
+    scale_amax = w.abs().amax() if scale_amax is None else scale_amax
+    num_bits, exponent_bits = reference.block_element(q.num_bits)
+    scale, degenerate, block_codes, g = reference.block_scales(amax, num_bits, False, exponent_bits,
+                                                               BlockScales.E4M3, scale_amax)
+    assert g is not None  # (two levels)
+    codes = codes_of(q, y, torch.where(degenerate, torch.zeros_like(scale), scale))
+    return codes, torch.where(degenerate, torch.zeros_like(block_codes), block_codes).to(torch.float8_e4m3fn), g

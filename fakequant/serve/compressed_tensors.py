@@ -35,8 +35,8 @@ from ._base import LayerPlan, ServingFormat, bits_equal, format_named, refusal, 
 from ._experts import ExpertsPlan
 from ._hf import check_arguments, save
 from ._plan import ModelPlan, plan_model
-from ._scales import (check_common, codes_of, expand, group_amax, last_axis_block, per_row_or_tensor_amax,
-                      static_amax, tensor_amax_of_blocks)
+from ._scales import (check_common, codes_of, expand, group_amax, last_axis_block, nvfp4, one_level, static_amax,
+                      tensor_amax_of_blocks)
 
 __all__ = ["LayerPlan", "export_compressed_tensors", "plan"]
 
@@ -112,14 +112,10 @@ class CompressedTensors(ServingFormat):
                 raise self.refuse(where, f"num_bits={fmt}: the format stores integers of 2 to 8 bits")
             if q.scale_format is not None:
                 raise self.refuse(where, f"integer elements with scale_bits={q.scale_bits}")
-            if size is None:
-                amax, strategy = per_row_or_tensor_amax(self, where, q, w)
-                args: Dict[str, Any] = {"strategy": strategy}
-            else:
-                amax = group_amax(self, where, q, w, size)
-                args = {"strategy": "group", "group_size": size}
-            scale = reference.block_scales(amax, num_bits, False, exponent_bits).scale
-            codes = codes_of(q, y, scale)
+            scale, codes, strategy = one_level(self, where, q, w, y, size)
+            args: Dict[str, Any] = {"strategy": strategy}
+            if size is not None:
+                args["group_size"] = size
             stored = codes.to(torch.int8) if is_int else codes.to(torch.float8_e4m3fn)
             args.update(num_bits=bits if is_int else 8, type="int" if is_int else "float", symmetric=True,
                         dynamic=False)
@@ -145,16 +141,7 @@ class CompressedTensors(ServingFormat):
             if fmt != _E2M1 or size != _NVFP4_BLOCK:
                 raise self.refuse(where, f"num_bits={fmt} in blocks of {size} with E4M3 block scales: the format's "
                                          f"NVFP4 is E2M1 in groups of {_NVFP4_BLOCK}")
-            amax = group_amax(self, where, q, w, size)
-            scale_amax = tensor_amax_of_blocks(q)
-            scale_amax = w.abs().amax() if scale_amax is None else scale_amax
-            scale, degenerate, block_codes, g = reference.block_scales(amax, num_bits, False, exponent_bits,
-                                                                       BlockScales.E4M3, scale_amax)
-            assert g is not None  # (two levels)
-            scale = torch.where(degenerate, torch.zeros_like(scale), scale)
-            codes = codes_of(q, y, scale)
-            tensors["weight_scale"] = torch.where(degenerate, torch.zeros_like(block_codes),
-                                                  block_codes).to(torch.float8_e4m3fn)
+            codes, tensors["weight_scale"], g = nvfp4(self, where, q, w, y, size)
             with torch.no_grad():
                 target = q(weight.detach().cpu())  # (what exact_weight compares with)
             global_scale = _search_global_scale(g, tensors["weight_scale"], codes, target)
