@@ -112,26 +112,48 @@ def test_no_part_imports_a_higher_layer():
     assert not bad, "\n".join(bad)
 
 
-def test_no_two_way_dependency():
-    graph = import_graph()
-    # any cycle, through any number of parts: depth-first search for a back edge
+def module_graph():
+    """{module: {module of the same part it imports}} over fakequant/ (a package's __init__ is
+    the package's name)."""
+    graph = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        src = _module_name(path)
+        for target in _imports(path):
+            if target != src and _part(target) == _part(src):
+                graph.setdefault(src, {})[target] = True
+    return graph
+
+
+def _cycles(graph):
+    """Every cycle a depth-first search finds (a back edge), through any number of nodes."""
     state, stack, cycles = {}, [], []
 
-    def visit(part):
-        state[part] = "open"
-        stack.append(part)
-        for dst in graph.get(part, {}):
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for dst in graph.get(node, {}):
             if state.get(dst) == "open":
                 cycles.append(stack[stack.index(dst):] + [dst])
             elif dst not in state:
                 visit(dst)
         stack.pop()
-        state[part] = "done"
+        state[node] = "done"
 
-    for part in sorted(graph):
-        if part not in state:
-            visit(part)
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_no_two_way_dependency():
+    cycles = _cycles(import_graph())
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_import_cycle_inside_a_part():
+    # e.g. fakequant/serve/: the formats import what they share, never the other way round
+    cycles = _cycles(module_graph())
+    assert not cycles, "import cycles between modules: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
 @pytest.mark.parametrize("source,expected", [
@@ -147,19 +169,26 @@ def test_the_parser_sees_relative_and_function_local_imports(tmp_path, monkeypat
 
 
 def test_the_checks_catch_a_two_way_and_an_upward_dependency(monkeypatch):
-    # calib/histogram.py once imported nn.quant_conv (for an isinstance check)
+    # calib/histogram.py once imported nn.quant_conv (for an isinstance check); serve/_experts.py
+    # once imported private names of serve/compressed_tensors.py, which imported it back
     real = _imports
+    test_no_import_cycle_inside_a_part()
 
-    def with_upward_import(path):
+    def with_upward_import_and_cycle(path):
         yield from real(path)
         if path == ROOT / "calib" / "histogram.py":
             yield "fakequant.nn.quant_conv"
+        if path == ROOT / "serve" / "_experts.py":
+            yield "fakequant.serve.compressed_tensors"
 
-    monkeypatch.setitem(globals(), "_imports", with_upward_import)
+    monkeypatch.setitem(globals(), "_imports", with_upward_import_and_cycle)
     with pytest.raises(AssertionError, match="calib .* imports nn"):
         test_no_part_imports_a_higher_layer()
     with pytest.raises(AssertionError, match="import cycles"):
         test_no_two_way_dependency()
+    with pytest.raises(AssertionError, match=r"import cycles between modules: .*fakequant\.serve\._experts -> "
+                                             r"fakequant\.serve\.compressed_tensors"):
+        test_no_import_cycle_inside_a_part()
 
 
 # --- the old import paths (fakequant/_moved.py) -------------------------------------------------
@@ -168,17 +197,12 @@ def _old_path_file(old):
     return ROOT.joinpath(*old.split(".")[1:]).with_suffix(".py")
 
 
-# serve/ still imports the old paths: its restructuring switches it (issue 37, item 3)
-NOT_YET_MOVED = {"serve"}
-
-
-def old_path_imports(skip=NOT_YET_MOVED):
+def old_path_imports():
     """(file, old path) of every import of an old path by a module of the package, other than the
-    old paths' own modules and the parts in ``skip``."""
+    old paths' own modules."""
     old_files = {_old_path_file(old) for old in _moved.MOVED}
     return [(str(path.relative_to(ROOT)), target) for path in sorted(ROOT.rglob("*.py"))
-            if path not in old_files and _part(_module_name(path)) not in skip
-            for target in _imports(path) if target in _moved.MOVED]
+            if path not in old_files for target in _imports(path) if target in _moved.MOVED]
 
 
 def test_every_old_path_has_its_module():
@@ -195,7 +219,8 @@ def test_the_old_path_check_sees_an_old_import(monkeypatch):
     monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *a, **k: "import fakequant.reference\n")
     found = old_path_imports()
     assert ("nn/quant_conv.py", "fakequant.reference") in found
-    assert not any(where.startswith("serve/") or where == "reference.py" for where, _ in found)
+    assert ("serve/gguf.py", "fakequant.reference") in found
+    assert not any(where == "reference.py" for where, _ in found)  # the old path's own module
 
 
 # --- each block-scale format named once (docs/design.md, "Formats") ---------------------------

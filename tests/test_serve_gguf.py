@@ -287,14 +287,14 @@ def test_tied_embeddings_mistral_and_qwen2(tmp_path):
 
 def test_refuses_before_writing(tmp_path):
     w8a8 = fakequant.quantize_model(tiny(), preset="W8A8")
-    with pytest.raises(ValueError, match=r"quantizer model\.layers\.0\.self_attn\.q_proj\._input_quantizer .*no GGUF form"):
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.q_proj\.weight_quantizer: .*no GGUF form"):
         export_gguf(w8a8, tmp_path / "w8a8")
     assert not (tmp_path / "w8a8").exists()
     model = fakequant.quantize_model(tiny(), preset="GGUF_Q4_0")
     model.model.layers[1].mlp.down_proj.weight_quantizer.num_bits = 8  # Q8_0: still a GGUF quantizer
     export_gguf(model, tmp_path / "mixed.gguf")
     model.model.layers[1].mlp.down_proj.input_quantizer.num_bits = 4  # llama.cpp's inputs are Q8_0
-    with pytest.raises(ValueError, match=r"down_proj\._input_quantizer"):
+    with pytest.raises(ValueError, match=r"down_proj\.input_quantizer: .*no GGUF form"):
         export_gguf(model, tmp_path / "bad.gguf")
     assert not (tmp_path / "bad.gguf").exists()
     with pytest.raises(ValueError, match="model_type"):
@@ -307,7 +307,7 @@ def test_refuses_before_writing(tmp_path):
         if isinstance(m, fakequant.nn.TensorQuantizer) and m is not model.model.layers[0].mlp.up_proj.weight_quantizer:
             m.disable()
     model.model.layers[0].mlp.up_proj.weight_quantizer.num_bits = 6  # not a GGML type
-    with pytest.raises(ValueError, match=r"up_proj\._weight_quantizer"):
+    with pytest.raises(ValueError, match=r"up_proj\.weight_quantizer: .*no GGUF form"):
         export_gguf(model, tmp_path / "six.gguf")
 
 

@@ -4,6 +4,9 @@
 ``compressed-tensors`` checkpoint (what vLLM and SGLang load; :mod:`fakequant.serve.compressed_tensors`)
 or as GGUF (llama.cpp; ``fakequant.serve.gguf``). Each needs its format's library
 (``pip install 'fakequant[serve]'``), imported only when that format is asked for.
+Each format is one module holding a registered ``ServingFormat`` (``_base.py``), found by its
+name; what they share (the model walk, the MoE experts, the bit-for-bit check, the refusal)
+is written once beside them.
 """
 from __future__ import annotations
 
@@ -12,10 +15,13 @@ from typing import Any, Union
 
 import torch
 
+from . import compressed_tensors, gguf  # noqa: F401  (each registers its format)
+from ._base import format_named, formats
+
 __all__ = ["FORMATS", "export_checkpoint"]
 
 #: The formats :func:`export_checkpoint` writes.
-FORMATS = ("compressed-tensors", "gguf")
+FORMATS = formats()
 
 
 def export_checkpoint(model: torch.nn.Module, directory: Union[str, "os.PathLike[str]"],
@@ -31,12 +37,4 @@ def export_checkpoint(model: torch.nn.Module, directory: Union[str, "os.PathLike
 
     Nothing is written when the model cannot be exported: the error names the quantizer and why.
     """
-    if not isinstance(format, str) or format not in FORMATS:
-        raise ValueError(f"format must be one of {list(FORMATS)}, got {format!r}")
-    if format == "compressed-tensors":
-        from .compressed_tensors import export_compressed_tensors
-
-        return export_compressed_tensors(model, directory, **kwargs)
-    from .gguf import export_gguf
-
-    return export_gguf(model, directory, **kwargs)
+    return format_named(format).export(model, directory, **kwargs)

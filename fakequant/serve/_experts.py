@@ -1,20 +1,21 @@
-"""The fused MoE experts of a compressed-tensors checkpoint (:mod:`fakequant.serve.compressed_tensors`).
+"""The fused MoE experts of a Hugging Face checkpoint, planned the same way for every format.
 
 transformers keeps a MoE layer's experts as 3-D parameters (``gate_up_proj`` of shape
 ``(experts, 2 * intermediate, hidden)``, ``down_proj`` of ``(experts, hidden, intermediate)``;
-:mod:`fakequant.experts`), but its checkpoints, and vLLM's, store each expert's projections as
+:mod:`fakequant.models.experts`), but its checkpoints, and vLLM's, store each expert's projections as
 the Linear layers of the original model (Qwen3-MoE ``mlp.experts.E.gate_proj`` / ``up_proj`` /
 ``down_proj``, Mixtral ``block_sparse_moe.experts.E.w1`` / ``w3`` / ``w2``), which transformers'
 conversion mapping stacks into the fused parameters when it loads them. The experts are
 written in that per-expert layout: each expert's weight ``(out, in)`` goes through the
-Linear layers' code path (:func:`~fakequant.serve.compressed_tensors._exact_weight_plan`,
-``_input_plan``) as the Linear layer it is in the checkpoint, with the expert's quantizers,
-and the rows of ``gate_up_proj`` are then split into the gate and up projections (every
-weight scale of the format is per tensor, per row or per group of a row).
+Linear layers' code path (``_base.exact_weight`` and the format's ``weight`` and ``input``)
+as the Linear layer it is in the checkpoint, with the expert's quantizers, and the rows of
+``gate_up_proj`` are then split into the gate and up projections (every weight scale a format
+stores is per tensor, per row or per group of a row). What a format's loaders cannot read of
+them its export refuses (compressed-tensors: ``check_expert_formats``).
 
 What is written per expert projection is exactly what fakequant computes: the codes and
 scales of expert ``e`` come from ``<proj>_weight_quantizer`` at expert ``e`` (the amax of
-that expert), and their dequantization equals ``fakequant.experts.quantized_weight(module,
+that expert), and their dequantization equals ``fakequant.models.experts.quantized_weight(module,
 proj)[e]`` bit for bit, checked before anything is written. Inputs: each expert's input
 quantizer of ``gate_up_proj`` gives the ``input_scale`` of both its gate and up projections
 (fakequant quantizes the one input they share with one quantizer), that of ``down_proj`` the
@@ -27,13 +28,12 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from .. import experts as _fused
+from ..models import experts as _fused
 from ..nn.quantizer_list import QuantizerList
 from ..nn.tensor_quantizer import TensorQuantizer
-from .compressed_tensors import LayerPlan, _bits_equal, _exact_weight_plan, _input_plan, _Refused, _scheme_key
+from ._base import LayerPlan, ServingFormat, bits_equal, exact_weight, refusal
 
-__all__ = ["LAYOUTS", "LOADABLE_FORMATS", "ExpertLayout", "ExpertsPlan", "check_expert_formats", "has_quantizers",
-           "plan_experts"]
+__all__ = ["LAYOUTS", "ExpertLayout", "ExpertsPlan", "has_quantizers", "plan_experts"]
 
 
 class ExpertLayout(NamedTuple):
@@ -68,10 +68,6 @@ class ExpertsPlan(NamedTuple):
     ignore: List[str]
     modules: Dict[str, Tuple[str, List[str]]]
     floats: List[str]
-
-
-def _refuse_experts(where: str, why: str) -> ValueError:
-    return _Refused(f"{where}: {why} (nothing was written)")
 
 
 def _enabled(q: Optional[torch.nn.Module]) -> bool:
@@ -132,9 +128,9 @@ def _split(tensors: Dict[str, torch.Tensor], rows: int, parts: int) -> List[Dict
              for k, t in tensors.items()} for i in range(parts)]
 
 
-def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
-    """The per-expert plans of every quantized fused-experts module of ``model``. Raises
-    ValueError naming the module or quantizer that cannot be written."""
+def plan_experts(model: torch.nn.Module, fmt: ServingFormat) -> ExpertsPlan:
+    """The per-expert plans in format ``fmt`` of every quantized fused-experts module of
+    ``model``. Raises ValueError naming the module or quantizer that cannot be written."""
     result = ExpertsPlan({}, [], [], {}, [])
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     for name, module in model.named_modules():
@@ -145,17 +141,17 @@ def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
         if layout is None and not quantized:
             continue  # (written by save_pretrained as the model type writes it)
         if layout is None:
-            raise _refuse_experts(name, f"quantized experts of a {model_type!r} model ({type(module).__name__}): "
-                                        f"the export writes the per-expert layout of {sorted(LAYOUTS)} models only, "
-                                        "which transformers' compressed-tensors loader stacks into its fused experts "
-                                        "(gpt-oss checkpoints keep their experts in a format of their own)")
+            raise refusal(name, f"quantized experts of a {model_type!r} model ({type(module).__name__}): "
+                                f"the export writes the per-expert layout of {sorted(LAYOUTS)} models only, "
+                                "which transformers' compressed-tensors loader stacks into its fused experts "
+                                "(gpt-oss checkpoints keep their experts in a format of their own)")
         if getattr(module, "is_transposed", False) or getattr(module, "has_bias", False):
-            raise _refuse_experts(name, "transposed experts or experts with biases (the per-expert layout has "
-                                        "neither)")
+            raise refusal(name, "transposed experts or experts with biases (the per-expert layout has "
+                                "neither)")
         projections = _fused.expert_projections(module)
         if set(projections) != set(layout.projections):
-            raise _refuse_experts(name, f"expert projections {list(projections)}, the layout has "
-                                        f"{list(layout.projections)}")
+            raise refusal(name, f"expert projections {list(projections)}, the layout has "
+                                f"{list(layout.projections)}")
         prefix = name
         for old, new in layout.renames:
             prefix = prefix.replace(old, new)
@@ -176,29 +172,27 @@ def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
             iq = getattr(module, f"{proj}_input_quantizer", None)
             where = f"{name}.{proj}_weight_quantizer"
             if not _enabled(wq):
-                raise _refuse_experts(where, "float expert weights in quantized experts (the format quantizes the "
-                                             "experts' weights, or none)")
-            if isinstance(wq, QuantizerList):  # (fakequant.experts: one per expert for a per-tensor global scale)
-                raise _refuse_experts(where, "expert weights with a global scale per expert (NVFP4): transformers' "
-                                             "compressed-tensors loader decompresses packed experts without their "
-                                             "weight_global_scale")
-            assert isinstance(wq, TensorQuantizer)  # (what _enabled accepts, less the list)
+                raise refusal(where, "float expert weights in quantized experts (the format quantizes the "
+                                     "experts' weights, or none)")
+            if isinstance(wq, QuantizerList) and fmt.per_expert_weight_quantizers is not None:
+                raise refusal(where, fmt.per_expert_weight_quantizers)
+            assert isinstance(wq, (TensorQuantizer, QuantizerList))  # (what _enabled accepts)
             with torch.no_grad():
                 fake = _fused.quantized_weight(module, proj).detach().cpu()
             outputs: Dict[torch.dtype, torch.Tensor] = {}
             for e in range(module.num_experts):
-                q = _ExpertView(wq, e, weight, outputs)
-                w_args, tensors, target = _exact_weight_plan(f"{where} (expert {e})", q, weight[e])
-                if not _bits_equal(target, fake[e]):
-                    raise _refuse_experts(where, f"expert {e}'s weight read as a Linear layer's is not the experts' "
-                                                 "forward's")
-                i_args, i_tensors = (None, {}) if iq is None else _input_plan(f"{name}.{proj}_input_quantizer.{e}",
-                                                                             iq[e])
+                q = wq[e] if isinstance(wq, QuantizerList) else _ExpertView(wq, e, weight, outputs)
+                w_args, tensors, target = exact_weight(fmt, f"{where} (expert {e})", q, weight[e])
+                if not bits_equal(target, fake[e]):
+                    raise refusal(where, f"expert {e}'s weight read as a Linear layer's is not the experts' "
+                                         "forward's")
+                i_args, i_tensors = (None, {}) if iq is None else fmt.input(f"{name}.{proj}_input_quantizer.{e}",
+                                                                         iq[e])
                 tensors.update(i_tensors)
                 split = layout.projections[proj]
                 rows = weight.shape[1]
                 if rows % len(split):
-                    raise _refuse_experts(name, f"{proj} of {rows} rows cannot be split into {list(split)}")
+                    raise refusal(name, f"{proj} of {rows} rows cannot be split into {list(split)}")
                 for part, part_tensors in zip(split, _split(tensors, rows, len(split))):
                     checkpoint = f"{prefix}.{e}.{part}"
                     result.plans[checkpoint] = LayerPlan(w_args, i_args, part_tensors,
@@ -207,37 +201,3 @@ def plan_experts(model: torch.nn.Module) -> ExpertsPlan:
             result.replaced.append(f"{name}.{proj}")
         result.modules[name] = (prefix, names)
     return result
-
-
-#: The storage formats whose experts transformers' compressed-tensors loader dequantizes
-#: (``CompressedTensorsDequantize`` in ``transformers.integrations.compressed_tensors``):
-#: FP8 weights times their float32 scales, and packed codes (``weight_packed``, ``weight_scale``,
-#: ``weight_shape``) through compressed-tensors' decompressor. Not: ``int-quantized`` (it reads
-#: only ``weight_packed`` for non-FP8 experts), ``mxfp8-quantized`` (it multiplies FP8 weights by
-#: their scales as floats, where MXFP8's are uint8 exponents), ``nvfp4-pack-quantized`` (no
-#: ``weight_global_scale``: refused earlier, by the quantizer).
-LOADABLE_FORMATS = ("float-quantized", "pack-quantized", "mxfp4-pack-quantized")
-
-
-def check_expert_formats(experts: ExpertsPlan, formats: Dict[str, str], first_format: str) -> None:
-    """Refuses experts transformers could not load: several schemes among the experts (it
-    dequantizes every expert with one config group), a storage format it does not dequantize
-    for experts (:data:`LOADABLE_FORMATS`), or float experts beside a scheme of packed experts
-    (that scheme's, or without quantized experts the first group's, ``first_format``: it reads
-    only the packed tensors of every expert)."""
-    names = [n for _, members in experts.modules.values() for n in members]
-    fmt = formats[names[0]] if names else first_format
-    if experts.floats and fmt != "float-quantized":
-        raise _refuse_experts(experts.floats[0], f"experts left in float beside {fmt!r} weights: transformers' "
-                                                 "compressed-tensors loader dequantizes every expert with one "
-                                                 "scheme and drops float expert weights unless it is FP8 "
-                                                 "('float-quantized'); quantize the experts too")
-    first_key = _scheme_key(experts.plans[names[0]]) if names else None
-    for module, (_, members) in experts.modules.items():
-        if any(_scheme_key(experts.plans[n]) != first_key for n in members):
-            raise _refuse_experts(module, "experts quantized with different schemes (transformers loads every expert "
-                                          "of a model with one config group)")
-        fmt = formats[members[0]]
-        if fmt not in LOADABLE_FORMATS:
-            raise _refuse_experts(module, f"experts stored as {fmt!r}: transformers' compressed-tensors loader "
-                                          f"dequantizes experts stored as {list(LOADABLE_FORMATS)} only")

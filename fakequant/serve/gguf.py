@@ -9,6 +9,10 @@ or F32 on request. Tensor names and metadata keys are gguf's own (``gguf.TensorN
 the export checks, tensor by tensor, that ``gguf.quants.dequantize`` of what it writes is the
 model's fake-quantized weight bit for bit. docs/serving_gguf.md has the mapping and the
 llama.cpp command to run next.
+
+The model is walked into its quantized Linear layers by what every format shares
+(``_plan.py``); this module is the format, ``GGUF`` (registered as ``"gguf"``): how it
+stores one planned layer (its blocks), and the file.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import torch
 
 from .._core import GGML_BLOCK_TYPES, BlockScales
 from ..nn import TensorQuantizer
+from ._base import ServingFormat, format_named, register
+from ._plan import plan_model
 
 __all__ = ["export_gguf", "ARCHITECTURES"]
 
@@ -42,15 +48,6 @@ _EXACT_TYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16
 BLOCK = 32  # the block length of Q8_0 and Q4_0 (gguf.GGML_QUANT_SIZES)
 
 
-def _import_gguf() -> Any:
-    try:
-        import gguf
-    except ImportError as e:
-        raise ImportError("fakequant: export_gguf needs the gguf package (llama.cpp's own): "
-                          "pip install 'fakequant[serve]' or pip install gguf") from e
-    return gguf
-
-
 def _ggml_type(q: TensorQuantizer, role: str) -> Optional[str]:
     """The GGML block type ("Q8_0"/"Q4_0") that quantizer ``q`` of a Linear's ``role`` ("weight",
     "input") computes, from its public configuration; None if it computes something else."""
@@ -65,30 +62,42 @@ def _ggml_type(q: TensorQuantizer, role: str) -> Optional[str]:
     return kind
 
 
-def _quantized_linears(model: torch.nn.Module) -> Dict[str, Tuple[str, TensorQuantizer]]:
-    """{Linear's name: (GGML type, its weight quantizer)}; ValueError naming the first enabled
-    quantizer that is not a GGUF preset's (checked before anything is written)."""
-    found: Dict[str, Tuple[str, TensorQuantizer]] = {}
-    for name, q in model.named_modules():
-        if not isinstance(q, TensorQuantizer) or not q.is_enabled:
-            continue
-        owner_name = name.rpartition(".")[0]
-        owner = model.get_submodule(owner_name)
-        role = ("weight" if getattr(owner, "weight_quantizer", None) is q
-                else "input" if getattr(owner, "input_quantizer", None) is q else None)
-        kind = _ggml_type(q, role) if role is not None and isinstance(owner, torch.nn.Linear) else None
+@register
+class GGUF(ServingFormat):
+    """GGUF (llama.cpp): each layer's weight as the Q8_0 or Q4_0 blocks of ``gguf.quants``; its
+    inputs, Q8_0 blocks where quantized (what llama.cpp computes), have nothing to write."""
+
+    name = "gguf"
+    package = "gguf"
+    distribution = "gguf"
+
+    def _kind(self, where: str, q: TensorQuantizer, role: str) -> str:
+        kind = _ggml_type(q, role)
         if kind is None:
-            raise ValueError(
-                f"export_gguf: the quantizer {name} ({q.extra_repr()}) has no GGUF form; GGUF holds the "
-                "weights of Linear layers quantized with the GGUF_Q8_0 or GGUF_Q4_0 preset (their input "
-                "quantizers Q8_0 blocks of 32, as llama.cpp computes); disable() it or re-quantize the model")
-        if role == "weight":
-            assert isinstance(owner, torch.nn.Linear)
-            if owner.in_features % BLOCK:
-                raise ValueError(f"export_gguf: {owner_name} has in_features={owner.in_features}, not a multiple "
-                                 f"of {BLOCK}: {kind} rows are whole blocks of {BLOCK}")
-            found[owner_name] = (kind, q)
-    return found
+            raise self.refuse(where, f"({q.extra_repr()}) has no GGUF form: GGUF holds the weights of Linear "
+                                     "layers quantized with the GGUF_Q8_0 or GGUF_Q4_0 preset (their input quantizers "
+                                     "Q8_0 blocks of 32, as llama.cpp computes); disable() it or re-quantize the model")
+        return kind
+
+    def weight(self, where: str, q: Any, weight: torch.Tensor
+               ) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor], torch.Tensor]:
+        """({"type": "Q8_0" or "Q4_0"}, {"weight": the blocks, uint8 (out, bytes per row)},
+        ``gguf.quants.dequantize`` of the blocks)."""
+        kind = self._kind(where, q, "weight")
+        if weight.shape[1] % BLOCK:
+            raise self.refuse(where, f"in_features={weight.shape[1]}, not a multiple of {BLOCK}: {kind} rows are "
+                                     f"whole blocks of {BLOCK}")
+        gguf = self.library()
+        qtype = gguf.GGMLQuantizationType[kind]
+        blocks = gguf.quants.quantize(weight.detach().cpu().float().numpy(), qtype)
+        dequantized = torch.from_numpy(gguf.quants.dequantize(blocks, qtype))
+        return {"type": kind}, {"weight": torch.from_numpy(blocks)}, dequantized
+
+    def input(self, where: str, q: Any) -> Tuple[Optional[Dict[str, Any]], Dict[str, torch.Tensor]]:
+        return (None if not q.is_enabled else {"type": self._kind(where, q, "input")}), {}
+
+    def export(self, model: torch.nn.Module, directory: Any, **kwargs: Any) -> pathlib.Path:
+        return export_gguf(model, directory, **kwargs)
 
 
 def _rope(config: Any) -> Tuple[float, Optional[float]]:
@@ -114,15 +123,6 @@ def _llama_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
     the rotary dimensions interleaved (transformers rotates halves, llama.cpp adjacent pairs)."""
     half = t.shape[0] // heads // 2
     return t.reshape(heads, 2, half, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
-
-
-_INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and bit patterns (the sign of zero included)."""
-    return (a.dtype == b.dtype and a.shape == b.shape
-            and torch.equal(a.view(_INT_OF_SIZE[a.element_size()]), b.view(_INT_OF_SIZE[b.element_size()])))
 
 
 def _merge_scores(tokenizer_json: Dict[str, Any], tokens: List[bytes]) -> Tuple[List[float], List[str]]:
@@ -257,7 +257,8 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
         raise TypeError(f"export_gguf: name must be a str or None, got {type(name).__name__}")
     if tokenizer_pre is not None and not isinstance(tokenizer_pre, str):
         raise TypeError(f"export_gguf: tokenizer_pre must be a str or None, got {type(tokenizer_pre).__name__}")
-    gguf = _import_gguf()
+    fmt = format_named(GGUF.name)
+    gguf = fmt.library()
     assert config is not None  # (model_type was read from it)
     arch_member, llama_rows = ARCHITECTURES[model_type]
     arch = gguf.MODEL_ARCH[arch_member]
@@ -269,7 +270,7 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
     head_dim = int(getattr(config, "head_dim", None) or hidden // n_head)
     n_vocab = int(config.vocab_size)
     rope_base, rope_linear = _rope(config)
-    quantized = _quantized_linears(model)
+    plans = plan_model(model, fmt).plans
 
     # --- the tensors, in memory: nothing is written before every one is made and checked ---
     names = gguf.get_tensor_name_map(arch, n_layers)
@@ -284,25 +285,15 @@ def export_gguf(model: torch.nn.Module, path: Union[str, "os.PathLike[str]"], to
             raise ValueError(f"export_gguf: the parameter {pname} has no {arch_member} tensor in gguf's tables")
         owner, _, leaf = pname.rpartition(".")
         rows = n_head if owner.endswith("q_proj") else n_kv if owner.endswith("k_proj") else None
+        # q/k rows in llama.cpp's order; a quantized weight's blocks (each within a row) move with their rows
+        permute = (lambda t: _llama_rows(t, rows)) if llama_rows and rows is not None else (lambda t: t)
+        if owner in plans and leaf == "weight":
+            kind = plans[owner].weights["type"]
+            tensors.append((gname, permute(plans[owner].tensors["weight"]).numpy(), gguf.GGMLQuantizationType[kind]))
+            kinds.add(kind)
+            continue
         with torch.no_grad():
-            data = param.detach().cpu().float()
-            if llama_rows and rows is not None:
-                data = _llama_rows(data, rows)
-            if owner in quantized and leaf == "weight":
-                kind, quantizer = quantized[owner]
-                qtype = gguf.GGMLQuantizationType[kind]
-                blocks = gguf.quants.quantize(data.numpy(), qtype)
-                fake = quantizer(param).detach().cpu()
-                if llama_rows and rows is not None:
-                    fake = _llama_rows(fake, rows)
-                dequantized = torch.from_numpy(gguf.quants.dequantize(blocks, qtype)).to(fake.dtype)
-                if not _same_bits(dequantized, fake):
-                    raise RuntimeError(f"export_gguf: gguf's {kind} blocks of {pname} do not reproduce the model's "
-                                       "fake-quantized weight bit for bit (please report this)")
-                tensors.append((gname, blocks, qtype))
-                kinds.add(kind)
-                continue
-        array = data.numpy()
+            array = permute(param.detach().cpu().float()).numpy()
         if array.ndim > 1:
             ftype = _EXACT_TYPE.get(param.dtype, "F32") if float_type == "auto" else float_type.upper()
             kinds.add(ftype)
