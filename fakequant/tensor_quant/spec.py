@@ -29,7 +29,7 @@ class QuantSpec:
     (the descriptor's spelling, kept as given: pickles hold it), and ``scale_format`` the format
     it names, decided here once (``BlockScales.of_scale_bits``) and read by name everywhere
     else; ``centered`` says the descriptor has a (dynamic ``max_min``) ``bias``. ``target`` is
-    the serving target whose rules the quantizer follows (:data:`TARGETS`; not a descriptor
+    the serving target whose rules the quantizer follows (one of ``TARGETS``; not a descriptor
     argument: :func:`fakequant.quantize_model` sets it on every quantizer).
     """
 
