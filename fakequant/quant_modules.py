@@ -25,6 +25,7 @@ from . import nn as quant_nn
 from .nn._utils import QuantMixin
 from .nn.tensor_quantizer import TensorQuantizer
 from .tensor_quant import QuantDescriptor, ScaledQuantDescriptor
+from .tensor_quant.spec import TARGETS
 from ._core import enable_onnx_export  # noqa: F401  (pytorch-quantization's name; per-thread export state)
 
 __all__ = ["initialize", "deactivate", "enable_onnx_export", "quantize_model", "unconverted",
@@ -260,6 +261,7 @@ def quantize_model(
     exclude: Optional[Sequence[str]] = None,
     preset: Optional[Union[str, presets.Preset]] = None,
     quantize_attention: Union[bool, ScaledQuantDescriptor] = False,
+    target: str = "onnx",
 ) -> torch.nn.Module:
     """Converts the layers of an existing model to quantized layers, in place.
 
@@ -293,6 +295,15 @@ def quantize_model(
             attention matmuls (query, key, value: ``q_bmm_quantizer``, ``k_bmm_quantizer``,
             ``v_bmm_quantizer`` on each attention module, :mod:`fakequant.models.hf`). True uses the
             input descriptor; a ``QuantDescriptor`` gives theirs. Default False.
+        target: the serving target whose rules the fake quantization follows, a choice made
+            once for the whole model and recorded on every quantizer of it
+            (:attr:`~fakequant.nn.TensorQuantizer.target`, which exporters read). ``"onnx"``
+            (default): the library's rules, what ONNX Runtime, TensorRT and Model Optimizer
+            compute. ``"vllm"``: compressed-tensors as vLLM serves it, where it differs
+            (per-token int8 times the reciprocal of its scale, per-token FP8 with vLLM's floor
+            on the scale, per-tensor FP8 activations times the reciprocal of their scale,
+            NVFP4's global scale a divisor of the E4M3 block scales, MX activation block scales
+            rounded to the nearest power of two): docs/serving.md, "Targets".
 
     Returns:
         ``model`` (a new object only when ``model`` itself is converted).
@@ -313,6 +324,8 @@ def quantize_model(
             raise TypeError(f"{name} must be a QuantDescriptor or None, got {type(desc).__name__}")
     if not isinstance(quantize_attention, (bool, QuantDescriptor)):
         raise TypeError(f"quantize_attention must be a bool or a QuantDescriptor, got {quantize_attention!r}")
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     skip = _check_float_module_list(float_module_list)
     if exclude is None:
         exclude = list(DEFAULT_EXCLUDE)
@@ -360,6 +373,14 @@ def quantize_model(
         desc = quantize_attention if isinstance(quantize_attention, QuantDescriptor) else (
             quant_desc_input or quant_nn.QuantLinear.default_quant_desc_input)
         hf.add_attention_quantizers(converted, desc, skip=_float_layers.at_or_below(excluded))
+    for name, quantizer in converted.named_modules():
+        if isinstance(quantizer, TensorQuantizer) and quantizer.target != target:
+            if any(part.endswith("weight_quantizer") for part in name.split(".")):
+                quantizer._quantizes_weight = True  # the fused experts' weights: a target's activation rules do not apply
+            try:
+                quantizer.target = target
+            except (ValueError, NotImplementedError) as e:
+                raise type(e)(f"{name}: {e}") from None
     if pretrained.is_pretrained_model(converted):  # save_pretrained / from_pretrained keep the quantizers
         recipe: Dict[str, Any] = {
             "preset": preset if isinstance(preset, str) else None,
@@ -370,6 +391,7 @@ def quantize_model(
             "quantize_attention": quantize_attention.dict() if isinstance(quantize_attention, QuantDescriptor)
             else quantize_attention,
             "custom_quant_modules": bool(custom_quant_modules),
+            "target": target,
         }
         pretrained.attach(converted, recipe)
     return converted

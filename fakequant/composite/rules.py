@@ -32,7 +32,8 @@ __all__ = ["AMAX_EPSILON", "BlockScaleValues", "amax_range", "amax_scale", "bloc
            "fake_quantize_affine_float_zero_point", "fake_quantize_amax", "fake_quantize_blockwise",
            "fake_quantize_fp8", "fake_quantize_min_max", "format_max", "format_values", "mx_emax", "quantize_amax",
            "round_to_format", "round_to_grid", "round_to_float16",
-           "fake_quantize_ggml"]
+           "fake_quantize_ggml", "VLLM_FP8_MIN_SCALE", "vllm_block_scales", "vllm_fake_quantize_blocks",
+           "vllm_mx_exponent_of", "vllm_nvfp4_global_scale", "vllm_round_fp8_reciprocal", "vllm_round_int8_rows"]
 
 
 def compute_dtype(x):
@@ -479,6 +480,151 @@ def fake_quantize_ggml(x, block_size=32, num_bits=8):
         c = torch.trunc(v + 8.5)
         y = d16 * (c.clamp(max=15.0) - 8.0)
         mask = (c <= 15.0) & y.isfinite()
+
+    def unblock(t):
+        return t.reshape(rows.shape[0], nblocks * block_size)[:, :length].reshape(shape)
+
+    return unblock(y).to(x.dtype), unblock(mask)
+
+
+# --- vLLM's activation rules (quantize_model(target="vllm")): what vLLM computes where it
+# --- differs from the operators' contract (docs/serving.md, "Targets"); no C++ kernel ---
+
+
+def vllm_round_int8_rows(x):
+    """(y, mask) of vLLM's dynamic per-token int8 quantization (its ``dynamic_scaled_int8_quant``
+    CUDA kernel) along the last dimension, in float32 whatever x's dtype::
+
+        amax = max |x| over the row;  s = fp32(amax) / 127;  r = fp32(127 / amax)
+        q = clamp(rint(fp32(x) * r), -128, 127)     (0 where the row is all zeros)
+        y = dtype_of_x((q + 0.0) * s)
+
+    The codes come from multiplying by the rounded reciprocal ``127 / amax`` (the kernel's
+    ``cvt.rni.sat.s8.f32`` of ``x * tmp_scale``), where the operators divide by ``s``: the
+    two differ by one step where ``x / s`` falls within an ulp of a half. mask (the
+    gradient's): ``-128 <= rint(x * r) <= 127`` and the row is not NaN (it always is in range
+    for finite rows: ``|x * r| <= 127`` up to rounding). NaN in a row makes the row NaN."""
+    shape = x.shape
+    if x.numel() == 0:
+        return x.clone(), torch.zeros(shape, dtype=torch.bool, device=x.device)
+    rows = x.reshape(-1, 1) if x.dim() == 0 else x.reshape(-1, x.shape[-1])
+    xf = rows.float()
+    amax = xf.abs().amax(-1, keepdim=True)
+    s = divide(amax, 127.0)
+    zero = amax == 0
+    r = torch.where(zero, torch.zeros_like(amax), torch.full_like(amax, 127.0) / amax)
+    v = torch.round(xf * r)
+    q = v.clamp(-128.0, 127.0) + 0.0  # NaN stays NaN; +0.0 for q = -0.0
+    y = q * s
+    mask = (v >= -128.0) & (v <= 127.0)
+    return y.reshape(shape).to(x.dtype), mask.reshape(shape)
+
+
+def vllm_round_fp8_reciprocal(x, amax):
+    """(y, mask) of vLLM's per-tensor FP8 E4M3 quantization of activations (its
+    ``scaled_fp8_quant`` CUDA kernel, static or dynamic scale): the codes of x times the
+    rounded reciprocal of the scale, where :func:`fake_quantize_fp8` divides::
+
+        s = fp32(amax) / 448;  r = fp32(1 / s)
+        y = dtype_of_x(e4m3(clamp(fp32(x) * r, -448, 448)) * s)
+
+    in float32 (float64 x: float64). amax <= 2^-24: the outputs are 0 (NaN stays NaN), as
+    :func:`fake_quantize_fp8`'s; mask marks ``|x| <= amax``."""
+    ct = compute_dtype(x)
+    a32 = torch.as_tensor(amax).to(x.device, torch.float32)
+    zero = a32 <= AMAX_EPSILON
+    s = amax_scale(a32, E4M3_MAX)
+    r = (torch.ones_like(s) / s).to(ct)
+    xs = x.to(ct) * r
+    y = round_to_format(xs.clamp(-E4M3_MAX, E4M3_MAX).float(), 4, 3).to(ct) * s.to(ct)
+    y = torch.where(zero, zero_keeping_sign(xs), y)
+    mask = x.to(ct).abs() <= a32.to(ct)
+    return y.to(x.dtype), mask
+
+
+#: vLLM's smallest per-token FP8 scale, ``1 / (448 * 512)`` (its ``min_scaling_factor``).
+VLLM_FP8_MIN_SCALE = 1.0 / (E4M3_MAX * 512.0)
+
+
+def vllm_mx_exponent_of(amax, num_bits, exponent_bits):
+    """The E8M0 exponent k of MX block scales as compressed-tensors computes them (its
+    ``generate_mx_scales``; vLLM reads them from the checkpoint): the block's amax rounded to a
+    power of two, up where its significand is at least ``2 - 2^-(m + 1)`` (m = 1, the E2M1
+    mantissa width, for E2M1 and E4M3 elements; 3 for E2M3), then ``floor(log2) - emax``,
+    clamped to [-127, 127]; -127 where amax is 0. float32, exact."""
+    a = amax.float()
+    m, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1): significand 2m
+    em = 3 if (exponent_bits, num_bits - 1 - exponent_bits) == (2, 3) else 1
+    up = (m >= (2.0 - 2.0 ** -(em + 1)) / 2).float()
+    k = e.float() - 1.0 + up - mx_emax(num_bits, exponent_bits)
+    return torch.where(a > 0, k, torch.full_like(a, -1000.0)).clamp(-127, 127)
+
+
+def vllm_nvfp4_global_scale(scale_amax):
+    """compressed-tensors' NVFP4 global scale ``G = fp32(448 * 6 / amax)`` (its
+    ``generate_gparam``), from a per-tensor amax (float32); the block scales divide their E4M3
+    codes by it."""
+    a = torch.as_tensor(scale_amax).float()
+    return torch.full_like(a, 6.0 * E4M3_MAX) / a
+
+
+def vllm_block_scales(amax, num_bits, exponent_bits, scale_format, scale_amax=None):
+    """:class:`BlockScaleValues` of blocks with amax ``amax`` (float32) as compressed-tensors
+    stores them and vLLM applies them, where :func:`block_scales` differs::
+
+        E8M0   s = 2^k, k = vllm_mx_exponent_of(amax)          (the nearest power of two)
+        E4M3   G = vllm_nvfp4_global_scale(scale_amax),  c = e4m3(G * fp32(amax / elem_max)),
+               s = fp32(c / G)  (a divisor: degenerate where c == 0, G is not finite or s == 0)
+
+    vLLM's NVFP4 kernel computes ``c`` and ``1 / s`` with approximate reciprocals
+    (``rcp.approx.ftz.f32``) that no exact rule reproduces; this is the exact rule they
+    approximate, and compressed-tensors' own (``x / (c / G)``). ``global_scale`` holds G."""
+    amax = amax.float()
+    if scale_format is BlockScales.E8M0:
+        k = vllm_mx_exponent_of(amax, num_bits, exponent_bits)
+        s = torch.ldexp(torch.ones_like(amax, dtype=torch.float64), k.double()).float()
+        s = torch.where(amax.isfinite(), s, torch.full_like(s, float("nan")))
+        return BlockScaleValues(s, torch.zeros_like(amax, dtype=torch.bool), (k + 127).to(torch.uint8), None)
+    if scale_format is not BlockScales.E4M3:
+        raise ValueError(f"fakequant: vllm_block_scales computes E4M3 and E8M0 block scales, got {scale_format}")
+    if scale_amax is None:
+        raise ValueError("fakequant: E4M3 block scales need scale_amax (the per-tensor amax they are relative to)")
+    elem_max = blockwise_element_max(num_bits, False, exponent_bits)
+    big = vllm_nvfp4_global_scale(torch.as_tensor(scale_amax).to(amax.device))
+    c = round_to_format(big * divide(amax, elem_max), 4, 3)
+    s = c / big
+    degenerate = (amax <= AMAX_EPSILON) | ~big.isfinite() | (c == 0) | (s == 0)
+    return BlockScaleValues(s, degenerate, c, big)
+
+
+def vllm_fake_quantize_blocks(x, block_size, num_bits, exponent_bits, scale_format=None, scale_amax=None):
+    """(y, mask) of dynamic blocks along the last dimension with vLLM's (compressed-tensors')
+    scales: E8M0 and E4M3 block scales from :func:`vllm_block_scales`, and per-token FP8
+    (``scale_format`` None, ``block_size`` the row) with vLLM's floor on the scale,
+    ``s = max(fp32(amax / 448), 1 / (448 * 512))`` (its ``dynamic_per_token_scaled_fp8_quant``,
+    which divides by ``s``). Per element as :func:`fake_quantize_blockwise`: ``q =
+    round_to_format(x / s)``, ``y = q * s``, degenerate blocks 0 (NaN stays NaN); mask: the
+    element did not saturate."""
+    ct = compute_dtype(x)
+    shape = x.shape
+    if x.numel() == 0:
+        return x.clone(), torch.zeros(shape, dtype=torch.bool, device=x.device)
+    rows, length, nblocks = _row_blocks(x, block_size)
+    padded = torch.nn.functional.pad(rows, (0, nblocks * block_size - length))
+    xb = padded.reshape(rows.shape[0], nblocks, block_size)
+    amax = xb.abs().amax(-1, keepdim=True).float()
+    if scale_format is None:
+        if (num_bits, exponent_bits) != (8, 4):
+            raise ValueError("fakequant: vLLM's one-level dynamic float blocks are FP8 E4M3 per token")
+        s = torch.maximum(divide(amax, E4M3_MAX), torch.full_like(amax, VLLM_FP8_MIN_SCALE))
+        degenerate = torch.zeros_like(amax, dtype=torch.bool)
+    else:
+        sa = None if scale_amax is None else torch.as_tensor(scale_amax).reshape(1, 1, 1)
+        s, degenerate, _, _ = vllm_block_scales(amax, num_bits, exponent_bits, scale_format, sa)
+    xc = xb.to(ct)
+    q, inside = element_codes(xc / s.to(ct), num_bits, False, False, exponent_bits)
+    y = torch.where(degenerate, torch.where(xc.isnan(), xc, torch.zeros_like(xc)), q * s.to(ct))
+    mask = torch.where(degenerate, ~xc.isnan(), inside)
 
     def unblock(t):
         return t.reshape(rows.shape[0], nblocks * block_size)[:, :length].reshape(shape)

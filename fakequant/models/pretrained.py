@@ -85,6 +85,8 @@ def recipe_kwargs(recipe: Dict[str, Any]) -> Dict[str, Any]:
                 kwargs[name] = _descriptor_from_json(recipe[name])
     attention = recipe.get("quantize_attention", False)
     kwargs["quantize_attention"] = _descriptor_from_json(attention) if isinstance(attention, dict) else attention
+    if recipe.get("target") is not None:
+        kwargs["target"] = recipe["target"]
     return kwargs
 
 

@@ -22,12 +22,13 @@ rules: :data:`FAKE_INTEGER` (``fake_quantize_amax``), :data:`TORCH_NATIVE` (torc
 import torch
 
 from .. import _core, ops
+from ..ops import _vllm
 from ..composite import rules
 from ..tensor_quant import inverse_scale_in_input_dtype
 from ._input_amax import blocked_view
 
 __all__ = ["AMAX", "LEARNED", "DYNAMIC_BLOCKS", "STATIC_BLOCKS", "FAKE_INTEGER", "TORCH_NATIVE", "LSQ", "FP8",
-           "REAL", "choose_path", "choose_values"]
+           "REAL", "VLLM_FP8", "VLLM_INPUT_BLOCKS", "VLLM_WEIGHT_BLOCKS", "choose_path", "choose_values"]
 
 
 # --- value rules: (spec, inputs, amax, check_values) -> (outputs, scale or None) -------------
@@ -103,13 +104,27 @@ class _Real:
         return outputs, inverse_scale_in_input_dtype(inverse_scale, inputs, amax)
 
 
+class _VLLMFP8:
+    """vLLM's per-tensor FP8 activations (``target="vllm"``): the input times the rounded
+    reciprocal of the scale (``vllm_round_fp8_reciprocal``)."""
+
+    def __call__(self, spec, inputs, amax, check_values=True):
+        return _vllm.round_fp8_reciprocal(inputs, amax), None
+
+
 FAKE_INTEGER, TORCH_NATIVE, LSQ, FP8, REAL = _FakeInteger(), _TorchNative(), _LSQ(), _FP8(), _Real()
+VLLM_FP8 = _VLLMFP8()
 
 
-def choose_values(spec):
+def choose_values(spec, weight=False):
     """The value rule of a quantizer's spec (torch's own operators and LSQ are chosen per
-    call, by the class-wide ``use_fb_fake_quant`` and ``learn_amax_method`` switches)."""
+    call, by the class-wide ``use_fb_fake_quant`` and ``learn_amax_method`` switches);
+    ``weight``: the quantizer quantizes a weight (which a checkpoint stores: the target's
+    activation rules do not apply)."""
     if isinstance(spec.num_bits, tuple):
+        if (spec.target == "vllm" and not weight and spec.num_bits == (4, 3) and spec.axis is None
+                and spec.block_sizes is None and not spec.learn_amax):
+            return VLLM_FP8
         return FP8
     return FAKE_INTEGER if spec.fake_quant else REAL
 
@@ -173,15 +188,64 @@ class _StaticBlocks:
         return outputs.reshape(inputs.shape), scale
 
 
+class _VLLMDynamicBlocks:
+    """Dynamic blocks along one axis with vLLM's rules where they differ (``target="vllm"``,
+    docs/serving.md): NVFP4's block scales under a dividing global scale (weights and
+    activations), and for activations MX block scales rounded to the nearest power of two,
+    per-token int8 times the rounded reciprocal of its scale, per-token FP8 with vLLM's floor
+    on the scale. Everything else is :data:`DYNAMIC_BLOCKS`."""
+
+    needs = "tensor"
+
+    def __init__(self, weight):
+        self.weight = weight
+
+    def __call__(self, spec, inputs, amax, values, check_values):
+        axis, block_size = spec.kernel_block
+        per_token = block_size is None
+        if per_token:
+            block_size = max(inputs.size(axis) if inputs.dim() else 1, 1)
+        num_bits, exponent_bits = rules.block_element(spec.num_bits)
+        scale_format = spec.scale_format
+        if scale_format is _core.BlockScales.E4M3 or (scale_format is _core.BlockScales.E8M0 and not self.weight):
+            return _vllm.fake_quantize_blocks(inputs, block_size, num_bits, exponent_bits, scale_format, amax,
+                                              axis=axis), None
+        if per_token and scale_format is None and not self.weight:
+            if exponent_bits == 0:
+                return _vllm.round_int8_rows(inputs, axis), None
+            return _vllm.fake_quantize_blocks(inputs, block_size, num_bits, exponent_bits, axis=axis), None
+        return DYNAMIC_BLOCKS(spec, inputs, amax, values, check_values)
+
+
 AMAX, LEARNED, DYNAMIC_BLOCKS, STATIC_BLOCKS = _Amax(), _Learned(), _DynamicBlocks(), _StaticBlocks()
+VLLM_WEIGHT_BLOCKS, VLLM_INPUT_BLOCKS = _VLLMDynamicBlocks(weight=True), _VLLMDynamicBlocks(weight=False)
 
 
-def choose_path(spec):
-    """The path of a quantizer's spec."""
+def _check_vllm(spec, weight):
+    """Refuses what vLLM does not compute as the target's rules would have it."""
+    if spec.scale_format is _core.BlockScales.GGML:
+        raise ValueError("target='vllm': llama.cpp's blocks (the GGUF presets) are served by llama.cpp; "
+                         "quantize them with target='onnx'")
+    if spec.centered:
+        raise NotImplementedError("target='vllm': asymmetric (max_min) per-token activations are not implemented")
+    if (not weight and spec.dynamic and spec.kernel_block is not None and spec.kernel_block[1] is None
+            and spec.scale_format is None):
+        fp8 = spec.num_bits == (4, 3)
+        if not (fp8 or (spec.num_bits == 8 and not spec.unsigned)):
+            raise NotImplementedError(f"target='vllm': vLLM's per-token activations are signed int8 or FP8 E4M3, "
+                                      f"got num_bits={spec.num_bits!r}, unsigned={spec.unsigned}")
+
+
+def choose_path(spec, weight=False):
+    """The path of a quantizer's spec (``weight``: see :func:`choose_values`)."""
     if spec.learn_amax:
         return LEARNED
+    if spec.target == "vllm":
+        _check_vllm(spec, weight)
     if spec.block_sizes is not None:
         if spec.dynamic and spec.kernel_block is not None and spec.fake_quant:
+            if spec.target == "vllm":
+                return VLLM_WEIGHT_BLOCKS if weight else VLLM_INPUT_BLOCKS
             return DYNAMIC_BLOCKS
         return STATIC_BLOCKS
     return AMAX

@@ -101,8 +101,13 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
     def _update_spec(self, **changes: Any) -> None:
         """Replaces the spec with ``changes`` (checked by QuantSpec), chooses the numeric
         path again, and keeps the calibrator's format the quantizer's."""
-        self._spec = dataclasses.replace(self._spec, **changes)
-        self._configure()
+        previous, self._spec = self._spec, dataclasses.replace(self._spec, **changes)
+        try:
+            self._configure()
+        except Exception:  # a configuration the paths refuse: keep the quantizer as it was
+            self._spec = previous
+            self._configure()
+            raise
         calibrator = self._calibrator
         if calibrator is not None:
             calibrator.num_bits = self._spec.num_bits
@@ -198,6 +203,21 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
         """The format ``scale_bits`` names (``fakequant._core.BlockScales``: ``E4M3``, ``E8M0``,
         ``GGML``), decided once when the spec is built; None without block scales."""
         return self._spec.scale_format
+
+    @property
+    def target(self) -> str:
+        """The serving target whose rules this quantizer follows (``spec.target``, one of
+        ``fakequant.tensor_quant.spec.TARGETS``): ``"onnx"`` (the default: the library's contract, what
+        ONNX Runtime, TensorRT and Model Optimizer compute) or ``"vllm"`` (compressed-tensors as
+        vLLM serves it: docs/serving.md, "Targets"). :func:`fakequant.quantize_model` sets it on
+        every quantizer of a model (``target=``); an exporter reads it to refuse a model trained
+        for another target. Setting it chooses the numeric path again; a target whose engine
+        does not compute this quantizer's configuration raises (ValueError, NotImplementedError)."""
+        return self._spec.target
+
+    @target.setter
+    def target(self, value: str) -> None:
+        self._update_spec(target=value)
 
     @property
     def centered(self) -> bool:
@@ -311,8 +331,9 @@ class TensorQuantizer(_AmaxState, metaclass=_Switches):
     # -- forward ------------------------------------------------------------------------
     def _configure(self) -> None:
         """Chooses the numeric path and value rule (nn/_paths.py) of this configuration."""
-        self._values = _paths.choose_values(self._spec)
-        self._path = _paths.choose_path(self._spec)
+        weight = getattr(self, "_quantizes_weight", False)
+        self._values = _paths.choose_values(self._spec, weight)
+        self._path = _paths.choose_path(self._spec, weight)
 
     def _values_now(self) -> Any:
         """The value rule of this call: LSQ while a learned range learns

@@ -9,7 +9,12 @@ from typing import Any, Dict, Optional, Tuple, Union
 from .._core import BlockScales, check_bool, check_num_bits
 from .descriptor import ScaledQuantDescriptor
 
-__all__ = ["QuantSpec"]
+__all__ = ["QuantSpec", "TARGETS"]
+
+#: The serving targets whose rules a quantizer can follow (``QuantSpec.target``,
+#: ``fakequant.quantize_model(target=...)``): ``"onnx"`` the library's contract (ONNX Runtime,
+#: TensorRT, Model Optimizer), ``"vllm"`` compressed-tensors as vLLM serves it (docs/serving.md).
+TARGETS = ("onnx", "vllm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +28,9 @@ class QuantSpec:
     true for ``block_sizes["type"] == "dynamic"``; ``scale_bits`` is ``block_sizes["scale_bits"]``
     (the descriptor's spelling, kept as given: pickles hold it), and ``scale_format`` the format
     it names, decided here once (``BlockScales.of_scale_bits``) and read by name everywhere
-    else; ``centered`` says the descriptor has a (dynamic ``max_min``) ``bias``.
+    else; ``centered`` says the descriptor has a (dynamic ``max_min``) ``bias``. ``target`` is
+    the serving target whose rules the quantizer follows (one of ``TARGETS``; not a descriptor
+    argument: :func:`fakequant.quantize_model` sets it on every quantizer).
     """
 
     num_bits: Union[int, Tuple[int, int]] = 8
@@ -37,6 +44,7 @@ class QuantSpec:
     centered: bool = False
     scale_amax: Optional[float] = None
     learn_amax: bool = False
+    target: str = "onnx"
     #: The format of the block scales (``scale_bits`` read once); not an argument.
     scale_format: Optional[BlockScales] = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -45,6 +53,8 @@ class QuantSpec:
         for name in ("unsigned", "narrow_range"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "scale_format", BlockScales.of_scale_bits(self.scale_bits))
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
         if self.scale_bits is not None and not (self.dynamic and self.kernel_block is not None):
             raise NotImplementedError("block_sizes['scale_bits'] needs dynamic blocks along one axis "
                                       "('type': 'dynamic', one axis with an int block size)")

@@ -1,0 +1,253 @@
+"""quantize_model(target=...): the serving target's rules (docs/serving.md, "Targets").
+
+The default ("onnx") keeps the library's rules (tools/op_fingerprint.py and the rest of the
+suite check its bits); "vllm" follows vLLM's kernels where they differ, checked here against
+an independent float32/float64 reference of each kernel's arithmetic and, where
+compressed-tensors computes the same rule, against compressed-tensors itself."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fakequant
+from fakequant.composite import rules
+from fakequant.nn import TensorQuantizer
+from fakequant._core import BlockScales
+
+transformers = pytest.importorskip("transformers")
+
+
+def _llama(dtype=torch.float32, hidden=64):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+
+
+def _quantizers(model):
+    return {name: q for name, q in model.named_modules() if isinstance(q, TensorQuantizer)}
+
+
+# --- the choice, recorded ---------------------------------------------------------------------
+
+
+def test_default_target_is_onnx_and_keeps_the_paths():
+    from fakequant.nn import _paths
+    model = fakequant.quantize_model(_llama(), preset="W8A8")
+    quantizers = _quantizers(model)
+    assert quantizers and all(q.target == "onnx" for q in quantizers.values())
+    inputs = [q for name, q in quantizers.items() if name.endswith("input_quantizer")]
+    assert all(q._path is _paths.DYNAMIC_BLOCKS for q in inputs)
+
+
+def test_target_is_recorded_on_every_quantizer():
+    from fakequant.nn import _paths
+    model = fakequant.quantize_model(_llama(), preset="FP8", target="vllm")
+    quantizers = _quantizers(model)
+    assert all(q.target == "vllm" for q in quantizers.values())
+    for name, q in quantizers.items():  # weights are stored as trained: their rule stays the library's
+        assert q._values is (_paths.FP8 if name.endswith("weight_quantizer") else _paths.VLLM_FP8), name
+
+
+def test_bad_target_raises():
+    with pytest.raises(ValueError, match="target must be one of"):
+        fakequant.quantize_model(_llama(), preset="W8A8", target="tensorrt")
+    with pytest.raises(ValueError, match=r"model\.layers\.0\..*target='vllm'"):
+        fakequant.quantize_model(_llama(), preset="GGUF_Q8_0", target="vllm")
+    with pytest.raises(NotImplementedError, match="asymmetric"):
+        fakequant.quantize_model(_llama(), preset="W8A8_ASYM", target="vllm")
+
+
+def test_refused_setting_leaves_the_quantizer_as_it_was():
+    q = TensorQuantizer(fakequant.QuantDescriptor(num_bits=4, block_sizes={-1: None, "type": "dynamic"}))
+    with pytest.raises(NotImplementedError, match="int8 or FP8"):
+        q.target = "vllm"
+    assert q.target == "onnx"
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(q(x), rules.fake_quantize_blockwise(x, 16, 4)[0], rtol=0, atol=0)
+
+
+def test_target_survives_pickle_and_from_pretrained(tmp_path):
+    import pickle
+    model = fakequant.quantize_model(_llama(), preset="W8A8", target="vllm")
+    q = model.model.layers[0].mlp.down_proj.input_quantizer
+    assert pickle.loads(pickle.dumps(q)).target == "vllm"
+    model.save_pretrained(tmp_path)
+    again = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    assert all(q.target == "vllm" for q in _quantizers(again).values())
+
+
+# --- the rules against each kernel's arithmetic ------------------------------------------------
+
+
+def _int8_rows_reference(x):
+    """vLLM's dynamic_scaled_int8_quant in numpy float32: x * (127 / amax), round half even,
+    saturate, times amax / 127."""
+    x = x.numpy().astype(np.float32)
+    amax = np.abs(x).max(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.float32(127.0) / amax
+        q = np.rint(x * r)
+    q = np.nan_to_num(q, nan=0.0).clip(-128, 127)
+    return torch.from_numpy((q * (amax / np.float32(127.0))).astype(np.float32) + 0.0)
+
+
+def test_vllm_int8_rows_is_the_kernels_rule_and_differs_from_dividing():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 64, generator=g) * torch.rand(4096, 1, generator=g) * 10
+    x[0] = 0.0
+    y, mask = rules.vllm_round_int8_rows(x)
+    assert torch.equal(y, _int8_rows_reference(x))
+    assert bool(mask.all())
+    # halfway values (k + 1/2 steps): multiplying by the rounded reciprocal moves many by one step
+    amax = torch.rand(256, 1, generator=g) * 10 + 0.1
+    x = torch.cat([amax, (torch.arange(-126, 126).float() + 0.5) * (amax / 127)], 1)
+    y = rules.vllm_round_int8_rows(x)[0]
+    assert torch.equal(y, _int8_rows_reference(x))
+    onnx = rules.fake_quantize_blockwise(x, x.shape[1], 8, narrow_range=False)[0]
+    assert not torch.equal(y, onnx)
+    assert ((y - onnx).abs() <= amax / 127 * 1.0001).all()
+
+
+def test_vllm_fp8_reciprocal_is_the_kernels_rule():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1 << 16, generator=g) * 3
+    amax = torch.tensor(7.3)
+    y, _ = rules.vllm_round_fp8_reciprocal(x, amax)
+    s = np.float32(7.3) / np.float32(448.0)
+    r = np.float32(1.0) / s
+    v = np.clip(x.numpy() * r, -448, 448)
+    expected = torch.from_numpy(v).to(torch.float8_e4m3fn).float() * torch.tensor(s)
+    assert torch.equal(y, expected)
+    # halfway between E4M3 values: the rounded reciprocal moves some by one step
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    x = (grid[:-1] + grid[1:]) / 2 * (amax / 448)
+    assert not torch.equal(rules.vllm_round_fp8_reciprocal(x, amax)[0], rules.fake_quantize_fp8(x, amax)[0])
+
+
+def test_vllm_per_token_fp8_floor_on_the_scale():
+    x = torch.tensor([[1e-4, -5e-4, 2e-4, 0.0], [1.0, -2.0, 0.5, 0.25]])
+    y, _ = rules.vllm_fake_quantize_blocks(x, 4, 8, 4)
+    s = torch.tensor([[rules.VLLM_FP8_MIN_SCALE], [2.0 / 448]])
+    assert torch.equal(y, (x / s).to(torch.float8_e4m3fn).float() * s)
+
+
+def test_vllm_mx_exponent_rounds_to_the_nearest_power_of_two():
+    amax = torch.tensor([1.0, 1.74, 1.75, 1.99, 3.5, 0.0, 6.0])
+    k = rules.vllm_mx_exponent_of(amax, 4, 2)  # E2M1: emax 2
+    assert k.tolist() == [-2, -2, -1, -1, 0, -127, 0]
+    k8 = rules.vllm_mx_exponent_of(amax, 8, 4)  # E4M3: emax 8, the same rounding
+    assert (k8 - k)[amax > 0].eq(-6).all()
+
+
+@pytest.mark.parametrize("num_bits", [4, 8])
+def test_vllm_mx_scales_are_compressed_tensors(num_bits):
+    helpers = pytest.importorskip("compressed_tensors.quantization.utils.mxfp_utils")
+    g = torch.Generator().manual_seed(2)
+    amax = (torch.rand(10000, generator=g) * 2.0 ** torch.randint(-20, 20, (10000,), generator=g)).bfloat16()
+    theirs = helpers.generate_mx_scales(amax, num_bits=num_bits).float() - 127
+    exponent_bits = 2 if num_bits == 4 else 4
+    ours = rules.vllm_mx_exponent_of(amax.float(), num_bits, exponent_bits)
+    assert torch.equal(ours, theirs)
+
+
+def test_vllm_nvfp4_scales_are_compressed_tensors_in_float32():
+    helpers = pytest.importorskip("compressed_tensors.quantization.utils.helpers")
+    QuantizationArgs = pytest.importorskip("compressed_tensors.quantization").QuantizationArgs
+    g = torch.Generator().manual_seed(3)
+    amax = torch.rand(4096, generator=g) * 4
+    tensor_amax = torch.tensor(4.0)
+    args = QuantizationArgs(num_bits=4, type="float", strategy="tensor_group", group_size=16, symmetric=True,
+                            dynamic="local", scale_dtype=torch.float8_e4m3fn)
+    big = helpers.generate_gparam(-tensor_amax.reshape(1), tensor_amax.reshape(1))
+    theirs, _ = helpers.calculate_qparams(-amax, amax, args, global_scale=big)
+    values = rules.vllm_block_scales(amax, 4, 2, BlockScales.E4M3, tensor_amax)
+    assert torch.equal(values.global_scale.reshape(1), big.float())
+    assert torch.equal(values.code, theirs.float())
+    assert torch.equal(values.scale, theirs.float() / big.float())
+
+
+def test_vllm_rules_pass_the_gradient_where_not_saturated():
+    from fakequant.ops import _vllm
+    x = torch.randn(8, 32, requires_grad=True)
+    _vllm.round_int8_rows(x).sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+    x = torch.tensor([1.0, 10.0, -1.0], requires_grad=True)
+    _vllm.round_fp8_reciprocal(x, torch.tensor(2.0)).sum().backward()
+    assert x.grad.tolist() == [1.0, 0.0, 1.0]  # |x| <= amax
+
+
+def test_vllm_rules_have_no_onnx_form(monkeypatch):
+    from fakequant.ops import _vllm
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    with pytest.raises(RuntimeError, match="no ONNX form"):
+        _vllm.round_int8_rows(torch.randn(2, 4))
+
+
+# --- compressed-tensors computes the same activations -----------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["NVFP4", "MXFP8", "MXFP4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vllm_activations_equal_compressed_tensors(preset, dtype):
+    """The input quantizers of the vllm target against compressed-tensors' own dynamic
+    activation quantization (compute_dynamic_scales_and_zp, fake_quantize) with the arguments
+    and global scale the exporter writes."""
+    ct = pytest.importorskip("compressed_tensors.quantization")
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales_and_zp, generate_gparam
+    if preset == "NVFP4":
+        args = ct.QuantizationArgs(num_bits=4, type="float", strategy="tensor_group", group_size=16, symmetric=True,
+                                   dynamic="local", scale_dtype=torch.float8_e4m3fn)
+    else:
+        args = ct.QuantizationArgs(num_bits=4 if preset == "MXFP4" else 8, type="float", strategy="group",
+                                   group_size=32, symmetric=True, dynamic=True, scale_dtype=torch.uint8)
+    model = fakequant.quantize_model(_llama(dtype), preset=preset, target="vllm")
+    quantizer = model.model.layers[0].mlp.down_proj.input_quantizer
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(4, 16, 128, generator=g) * torch.rand(4, 16, 1, generator=g) * 5).to(dtype)
+    big = None
+    if preset == "NVFP4":
+        quantizer.amax = 9.0  # a calibrated per-tensor amax: the exporter's input_global_scale, 2688 / amax
+        big = generate_gparam(torch.tensor([-9.0]), torch.tensor([9.0]))
+    # compressed-tensors computes in the input's dtype; NVFP4's amax / 6 rounded to bfloat16 is not
+    # vLLM's rule (its kernel computes it in float32): NVFP4 is compared on the float32 input
+    xc = x.float() if preset == "NVFP4" else x
+    with torch.no_grad():
+        ours = quantizer(x)
+        scale, zero_point = compute_dynamic_scales_and_zp(xc, args, torch.nn.Module(), global_scale=big)
+        theirs = fake_quantize(xc, scale, zero_point, args, global_scale=big)
+    assert torch.equal(ours, theirs.to(dtype))
+
+
+def test_nvfp4_float32_exports_with_the_vllm_target(tmp_path):
+    pytest.importorskip("compressed_tensors")
+    model = fakequant.quantize_model(_llama(torch.float32), preset="NVFP4", target="vllm")
+    data = [torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    fakequant.calibrate(model, data, progress=False, forward_fn=lambda m, ids: m(input_ids=ids))
+    config = fakequant.export_checkpoint(model, tmp_path)  # (target "onnx": refused, tests/test_serve_compressed_tensors.py)
+    assert config["format"] == "nvfp4-pack-quantized"
+
+
+@pytest.mark.xfail(strict=True, reason="exporter hook missing: fakequant/serve/ derives NVFP4's global scale by "
+                                       "searching float32 values near 1 / g (the library's rule) and fails for "
+                                       "this bfloat16 model's k_proj; the vllm target's G = 2688 / amax is written "
+                                       "directly once the lead wires the exporter after branch 'serve' merges")
+def test_nvfp4_bfloat16_exports_with_the_vllm_target(tmp_path):
+    pytest.importorskip("compressed_tensors")
+    model = fakequant.quantize_model(_llama(torch.bfloat16), preset="NVFP4", target="vllm")
+    data = [torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    fakequant.calibrate(model, data, progress=False, forward_fn=lambda m, ids: m(input_ids=ids))
+    fakequant.export_checkpoint(model, tmp_path)
+
+
+@pytest.mark.xfail(strict=True, reason="exporter hook missing: fakequant/serve/ does not read TensorQuantizer.target "
+                                       "yet (wired by the lead after branch 'serve' is merged)")
+def test_compressed_tensors_export_refuses_a_model_trained_for_onnx_rules(tmp_path):
+    model = fakequant.quantize_model(_llama(torch.bfloat16), preset="MXFP4")  # target="onnx"
+    data = [torch.randint(0, 128, (2, 8))]
+    fakequant.calibrate(model, data, progress=False, forward_fn=lambda m, ids: m(input_ids=ids))
+    with pytest.raises(ValueError, match="target"):
+        fakequant.export_checkpoint(model, tmp_path)
