@@ -299,8 +299,19 @@ C10_HOST_DEVICE inline Consts<C> invalid_consts() {
 // float format fmt (fake quantization), or the integer q itself (the kInt format
 // only: quantize_amax).
 enum class Output { kFake, kInteger };
-// The mask: rint(x / scale) unclamped in [lo, hi], or x in [window_lo, window_hi].
-enum class Window { kQuantRange, kInput };
+// The mask: rint(x / scale) unclamped in [lo, hi], x in [window_lo, window_hi], or |x| <=
+// window_hi where window_lo = -window_hi (kSymmetricInput: the same bits in one comparison).
+enum class Window { kQuantRange, kInput, kSymmetricInput };
+
+// The mask of the input windows.
+template <Window W, typename C>
+C10_HOST_DEVICE inline bool in_window(C xv, C wlo, C whi) {
+  if constexpr (W == Window::kSymmetricInput) {
+    return abs_value(xv) <= whi;
+  } else {
+    return (xv >= wlo) & (xv <= whi);
+  }
+}
 // What the op returns beside y: a packed mask (one bit per element in memory
 // order), a bool mask shaped like y, or none (fake_quantize_lsq's forward).
 enum class MaskOut { kPacked, kBool, kNone };
@@ -377,7 +388,7 @@ struct MinMaxFamily {
 // exact in float) or of x / scale (FP8: +-max of the format); mask |x| <= amax;
 // amax <= kAmaxEpsilon quantizes everything to 0 (scale 1, range [0, 0]).
 struct AmaxFamily {
-  static constexpr Window kWindow = Window::kInput;
+  static constexpr Window kWindow = Window::kSymmetricInput;  // [-amax, amax]
   ParamPtr amax;
   float bound, quant_min;
 
@@ -463,16 +474,16 @@ C10_HOST_DEVICE inline C dequantize_code(C q, C s) {
 template <Format F, Output O, Window W, bool kFinite = false, typename C, typename M>
 C10_HOST_DEVICE inline C quantize_value_of_quotient(C xv, C xs, C s, C lo, C hi, C zp, C wlo, C whi, M& m) {
   if constexpr (F != Format::kInt) {
-    static_assert(W == Window::kInput, "the FP8/FP6 mask is the input window |x| <= amax");
+    static_assert(W != Window::kQuantRange, "the FP8/FP6 mask is the input window |x| <= amax");
     static_assert(O == Output::kFake, "a float format has no integer output");
     const C c = clamp_nan(xs, lo, hi);
-    m = static_cast<M>((xv >= wlo) & (xv <= whi));
+    m = static_cast<M>(in_window<W>(xv, wlo, whi));
     // float64 goes through float32 first, as torch's double -> float8 cast does;
     // a zero keeps its sign (see the top of this file).
     return mul_rn(static_cast<C>(round_to_small_float<F>(to_float_rn(c))), s);
   } else {
     const IntegerCode<C> code = integer_code<kFinite>(xs, lo, hi);
-    m = W == Window::kQuantRange ? static_cast<M>(code.inside) : static_cast<M>((xv >= wlo) & (xv <= whi));
+    m = W == Window::kQuantRange ? static_cast<M>(code.inside) : static_cast<M>(in_window<W>(xv, wlo, whi));
     return O == Output::kFake ? dequantize_code<kFinite>(code.q, s) : add_rn(code.q, zp);
   }
 }
