@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -80,9 +81,17 @@ void check_finite(float x, float q, float r, float s) {
   }
   const BlockRule<float> ints{0.0f, 15.0f, 0.0f};  // an unsigned range: its lower end is +0
   unsigned ma = 0, mb = 0;
-  const float a = blockwise_value_of_quotient<Format::kInt, true>(q, s, ints, ma);
-  const float b = blockwise_value_of_quotient<Format::kInt>(r, s, ints, mb);
+  float a = blockwise_value_of_quotient<Format::kInt, true>(q, s, ints, ma);
+  float b = blockwise_value_of_quotient<Format::kInt>(r, s, ints, mb);
   if (!same_bits(a, b) || ma != mb) fail("finite block element", x, s, a, b);
+  // an E8M0 block holding NaN: quotient and scale NaN; and an infinite quotient
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const float v : {nan, INFINITY, -INFINITY}) {
+    const float sv = v == v ? s : nan;
+    a = blockwise_value_of_quotient<Format::kInt, true>(v, sv, ints, ma);
+    b = blockwise_value_of_quotient<Format::kInt>(v, sv, ints, mb);
+    if (!same_bits(a, b) || ma != mb) fail("block element of a NaN or infinite quotient", v, sv, a, b);
+  }
 }
 
 // One dividend: the quotient's claim, then the element rules.

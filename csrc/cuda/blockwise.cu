@@ -271,14 +271,6 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
   if constexpr (S == BlockScale::kE8M0) {
     reciprocal = e8m0_inverse(s);  // the product is exact, and E8M0 blocks are never degenerate
-    // The integer grid's fast trips hold finite blocks only (its kFinite spelling below): a
-    // trip with a block of NaN or infinity goes out of line. (The float formats have one rule.)
-    if constexpr (!kSlow && F == Format::kInt) {
-      if (__any_sync(kFullWarp, in_trip & !(a <= std::numeric_limits<float>::max()))) {
-        vector_trip_slow<scalar_t, F, S, K, kFull>(x, y, mask_words, n, base, geo, rule, g);
-        return;
-      }
-    }
   } else if constexpr (!kSlow) {
     const Divisor d = make_divisor(s);
     reciprocal = d.y;
@@ -313,7 +305,9 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
         v = block_element<F>(xv, b, rule, bit);
       } else {
         const float xs = S == BlockScale::kE8M0 ? e8m0_quotient(xv, yk[k]) : quotient_of(xv, Divisor{sk[k], yk[k], true});
-        v = blockwise_value_of_quotient<F, true>(xs, sk[k], rule, bit);  // (finite: above)
+        // kFinite: the fast trips divide finite blocks by fast divisors (above); an E8M0
+        // quotient is NaN only in a block holding NaN, whose scale is NaN (contract.h)
+        v = blockwise_value_of_quotient<F, true>(xs, sk[k], rule, bit);
       }
       out[k].v[j] = static_cast<scalar_t>(v);
       bits[k] |= bit << j;

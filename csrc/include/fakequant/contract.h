@@ -437,14 +437,15 @@ C10_HOST_DEVICE inline float round_to_small_float(float v) {
 // was inside, and the code dequantized, (q + 0) * s: + 0.0 so that q = -0.0 (x in
 // (-s/2, 0)) dequantizes to +0.0, as in ONNX Runtime.
 //
-// kFinite: the same bits in fewer operations where xs is not NaN and lo, hi, s are finite
+// kFinite: the same bits in fewer operations where lo and hi are finite and xs is not NaN
 // (the kernels' fast division: a fast Divisor, whose scale is valid, and fast dividends;
-// an invalid parameter's NaN scale is never fast). Without NaN, clamp_nan is min/max up to
+// an invalid parameter's NaN scale is never fast), or, for the fake output, where s is NaN
+// too (an E8M0 block holding NaN: its scale is NaN). Without NaN, clamp_nan is min/max up to
 // the sign of a zero r, r is inside exactly when the clamp leaves it alone (q == r, +0 ==
-// -0 included), and fma(q, s, +0) rounds q * s + 0 once: RN(q * s), except that an exact
-// -0 becomes +0, which is (q + 0) * s. The one place q's zero sign could show is the
-// integer output q + zp, where zp is an integer, +0 when zero: -0 + zp == +0 + zp.
-// tests/divisor_check.cpp compares both spellings.
+// -0 included; infinities too), and fma(q, s, +0) rounds q * s + 0 once: RN(q * s), except
+// that an exact -0 becomes +0, which is (q + 0) * s. The one place q's zero sign could show
+// is the integer output q + zp, where zp is an integer, +0 when zero: -0 + zp == +0 + zp.
+// With xs and s NaN, both give NaN and mask 0. tests/divisor_check.cpp compares both spellings.
 template <typename C>
 struct IntegerCode {
   C q;
