@@ -2,10 +2,14 @@
 // divisor s and dividend x in its fast range, the quotient equals RN(x / s) bit for bit,
 // or both are below 2^-39 in magnitude with the same sign; and the element rules (the
 // integer grid's rint, clamp and mask; each float format's rounding and mask) give the
-// same bits from either. Built and run by tests/test_divisor.py:
+// same bits from either, the integer grid's also in the kFinite spelling that the
+// fast-division paths use. Built and run by tests/test_divisor.py:
 //
 //   divisor_check sampled COUNT SEED   COUNT random dividends for each of many divisors
 //   divisor_check every S...           every float32 bit pattern as the dividend of each S
+//   divisor_check integers COUNT SEED  divider.h's Divider32 against n / d: COUNT random n
+//                                      and the multiples of d (and their neighbours) of many d
+//   divisor_check every-integer D...   every n below 2^31 for each divisor D
 //
 // Prints "checked N quotients" and exits 0, or prints the first counterexample and exits 1.
 #include <cinttypes>
@@ -13,10 +17,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "fakequant/contract.h"
+#include "fakequant/divider.h"
 
 using namespace fakequant;
 
@@ -35,6 +41,9 @@ float float_of(uint32_t b) {
 bool same_bits(float a, float b) { return bits_of(a) == bits_of(b) || (a != a && b != b); }
 
 int failures = 0;
+// Whether check() also compares the integer grid's two spellings (sampled mode; the exhaustive
+// mode checks the quotient and the rules that consume it, at a fifth of the cost).
+bool check_spellings = false;
 
 void fail(const char* what, float x, float s, float got, float want) {
   if (failures++ == 0) {
@@ -53,6 +62,38 @@ void check_format(float q, float r, float s, float x) {
   if (!same_bits(a, b) || ma != mb) fail("element", x, s, a, b);
 }
 
+// The integer grid's rules in their kFinite spelling (the fast-division paths), from the
+// fast quotient q, against the general spelling from the correctly rounded r: the fake and
+// the integer outputs, both masks, affine bounds about a zero point and the block rule.
+void check_finite(float x, float q, float r, float s) {
+  for (const float zp : {0.0f, 3.0f, -128.0f}) {
+    const float lo = -128.0f - zp, hi = 127.0f - zp, wlo = -127.5f * s, whi = 127.5f * s;
+    unsigned ma = 0, mb = 0;
+    float a = quantize_value_of_quotient<Format::kInt, Output::kFake, Window::kQuantRange, true>(x, q, s, lo, hi, zp,
+                                                                                                  wlo, whi, ma);
+    float b = quantize_value_of_quotient<Format::kInt, Output::kFake, Window::kQuantRange>(x, r, s, lo, hi, zp, wlo,
+                                                                                           whi, mb);
+    if (!same_bits(a, b) || ma != mb) fail("finite integer element", x, s, a, b);
+    a = quantize_value_of_quotient<Format::kInt, Output::kInteger, Window::kInput, true>(x, q, s, lo, hi, zp, wlo,
+                                                                                         whi, ma);
+    b = quantize_value_of_quotient<Format::kInt, Output::kInteger, Window::kInput>(x, r, s, lo, hi, zp, wlo, whi, mb);
+    if (!same_bits(a, b) || ma != mb) fail("finite integer output", x, s, a, b);
+  }
+  const BlockRule<float> ints{0.0f, 15.0f, 0.0f};  // an unsigned range: its lower end is +0
+  unsigned ma = 0, mb = 0;
+  float a = blockwise_value_of_quotient<Format::kInt, true>(q, s, ints, ma);
+  float b = blockwise_value_of_quotient<Format::kInt>(r, s, ints, mb);
+  if (!same_bits(a, b) || ma != mb) fail("finite block element", x, s, a, b);
+  // an E8M0 block holding NaN: quotient and scale NaN; and an infinite quotient
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const float v : {nan, INFINITY, -INFINITY}) {
+    const float sv = v == v ? s : nan;
+    a = blockwise_value_of_quotient<Format::kInt, true>(v, sv, ints, ma);
+    b = blockwise_value_of_quotient<Format::kInt>(v, sv, ints, mb);
+    if (!same_bits(a, b) || ma != mb) fail("block element of a NaN or infinite quotient", v, sv, a, b);
+  }
+}
+
 // One dividend: the quotient's claim, then the element rules.
 inline void check(float x, const Divisor& d) {
   if (!(d.fast && fast_dividend(x))) return;
@@ -60,6 +101,7 @@ inline void check(float x, const Divisor& d) {
   const float r = x / d.s;
   const bool tiny = std::fabs(q) < 0x1p-39f && std::fabs(r) < 0x1p-39f && std::signbit(q) == std::signbit(r);
   if (!(same_bits(q, r) || tiny)) fail("quotient", x, d.s, q, r);
+  if (check_spellings) check_finite(x, q, r, d.s);
   if (same_bits(q, r)) return;  // the element rules see the same value
   const BlockRule<float> ints{-128.0f, 127.0f, 0.0f};
   unsigned ma = 0, mb = 0;
@@ -90,12 +132,20 @@ std::vector<float> divisors(std::mt19937_64& rng) {
   return out;
 }
 
+// Divider32 against the division, for one n.
+inline void check_integer(uint32_t n, const Divider32& v) {
+  if (v.div(n) != n / v.d && failures++ == 0) {
+    std::printf("integer: %" PRIu32 " / %" PRIu32 ": %" PRIu32 ", not %" PRIu32 "\n", n, v.d, v.div(n), n / v.d);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) return 2;
   uint64_t checked = 0;
   if (std::strcmp(argv[1], "sampled") == 0 && argc == 4) {
+    check_spellings = true;
     const uint64_t count = std::strtoull(argv[2], nullptr, 10);
     std::mt19937_64 rng(std::strtoull(argv[3], nullptr, 10));
     for (const float s : divisors(rng)) {
@@ -124,6 +174,34 @@ int main(int argc, char** argv) {
       for (uint64_t b = 0; b <= 0xffffffffull && !failures; ++b) check(float_of(static_cast<uint32_t>(b)), d);
       checked += uint64_t{1} << 32;
     }
+  } else if (std::strcmp(argv[1], "integers") == 0 && argc == 4) {
+    const uint64_t count = std::strtoull(argv[2], nullptr, 10);
+    std::mt19937_64 rng(std::strtoull(argv[3], nullptr, 10));
+    std::vector<int64_t> ds = {1, 2, 3, 5, 7, 16, 41, 67, 96, 335, 4095, 4096, 4097, 65537, 1000003,
+                               (int64_t{1} << 30) + 1, (int64_t{1} << 31) - 1};
+    for (int i = 0; i < 40; ++i) ds.push_back(static_cast<int64_t>(rng() % ((uint64_t{1} << 31) - 1)) + 1);
+    for (const int64_t d : ds) {
+      const Divider32 v = make_divider32(d);
+      for (uint64_t i = 0; i < count; ++i) check_integer(static_cast<uint32_t>(rng() >> 33), v);
+      // multiples of d and their neighbours, up to 2^31 - 1: every one for large d, 100000 otherwise
+      const uint64_t multiples = ((uint64_t{1} << 31) - 1) / static_cast<uint64_t>(d);
+      const uint64_t stride = multiples > 100000 ? multiples / 100000 : 1;
+      for (uint64_t k = 1; k <= multiples; k += stride) {
+        const uint64_t n = k * static_cast<uint64_t>(d);
+        check_integer(static_cast<uint32_t>(n - 1), v);
+        check_integer(static_cast<uint32_t>(n), v);
+        if (n + 1 < (uint64_t{1} << 31)) check_integer(static_cast<uint32_t>(n + 1), v);
+        checked += 3;
+      }
+      check_integer(0x7fffffffu, v);
+      checked += count + 1;
+    }
+  } else if (std::strcmp(argv[1], "every-integer") == 0) {
+    for (int i = 2; i < argc; ++i) {
+      const Divider32 v = make_divider32(std::strtoll(argv[i], nullptr, 10));
+      for (uint32_t n = 0; n < 0x80000000u && !failures; ++n) check_integer(n, v);
+      checked += uint64_t{1} << 31;
+    }
   } else {
     return 2;
   }
@@ -131,6 +209,6 @@ int main(int argc, char** argv) {
     std::printf("%d failures\n", failures);
     return 1;
   }
-  std::printf("checked %" PRIu64 " quotients\n", checked);
+  std::printf("checked %" PRIu64 " quotients\n", checked);  // (integer ones too)
   return 0;
 }

@@ -187,6 +187,34 @@ def test_quantize_per_channel_every_axis(layout, dtype):
         cpu_and_cuda("fake_quantize_lsq", x, scale, zp.float(), axis, -8, 7, 1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_quantize_per_channel_fast_division(dtype):
+    # The per-channel vector paths: a vector inside one run of a channel (one entry and its
+    # Divisor, in line), consecutive entries (channels innermost), vectors across the end of
+    # a run, three dimensions, and four (the general lookup); channels whose scale is outside
+    # the fast range, and specials among the elements (a vector holding one divides by div_rn).
+    scales = torch.tensor([2.0**-61, 2.0**-60, 1e-30, 3.1e-3, 0.05, 7.0, 2.0**60, 2.0**61, 1e30, 0.4])
+    for shape in [(40, 96), (37, 41), (4, 30, 64), (3, 5, 7, 16)]:
+        x = shaped(shape, torch.float64)
+        flat = x.view(-1)
+        for i, v in enumerate([2.0**60, -(2.0**61), 3e38, 1e-45, 2.0**-100, 0.0, -0.0]):
+            flat[131 * i + 5] = v
+        flat[700:900] *= 1e-20
+        x = x.to(dtype)
+        for axis in range(x.dim()):
+            c = x.shape[axis]
+            scale = scales.repeat(c // len(scales) + 1)[:c]
+            zp = torch.arange(c, dtype=torch.int32) % 5 - 2
+            cpu_and_cuda("fake_quantize_affine", x, scale, zp, axis, -128, 127, True)
+            view = [1] * x.dim()
+            view[axis] = c
+            cpu_and_cuda("fake_quantize_amax", x, (scale * 127).reshape(view), 8, False, True)
+        if x.dim() == 4:  # parameters over two separate dimensions: four runs, the general lookup
+            amax = (scales[:3].reshape(3, 1, 1, 1) * 127 * torch.linspace(0.5, 2, 7).reshape(1, 1, 7, 1))
+            cpu_and_cuda("fake_quantize_amax", x, amax, 8, False, True)
+            cpu_and_cuda("fake_quantize_min_max", x, -amax, amax * 0.75, 8)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_quantize_broadcast_amax(layout, dtype):

@@ -1,7 +1,8 @@
 """contract.h's quotient_of, the division of the CUDA kernels by a scale whose reciprocal
 they make once, against the correctly rounded division (tests/divisor_check.cpp, built with
 the host compiler: the FMAs and roundings are IEEE's on both): the same quotient, or both tiny
-with the same sign, and the same bits from every element rule."""
+with the same sign, and the same bits from every element rule; and divider.h's division of
+indices by a multiply (Divider32) against the integer division."""
 import os
 import shutil
 import subprocess
@@ -44,3 +45,14 @@ def test_quotient_of_every_dividend(divisor_check):
     # 0.3 (no short binary expansion), an NVFP4 block scale (E4M3's 1.375 * 2^-3 times the
     # per-tensor scale of an amax of 0.731: 0.731 / (6 * 448)) and the largest fast divisor
     assert run(divisor_check, "every", "0.3", repr(0.171875 * 0.731 / 2688), "0x1p60") == 3 * 2**32
+
+
+def test_index_divider_sampled(divisor_check):
+    # divider.h's Divider32 (the CUDA per-channel lookup's row and channel): 57 divisors,
+    # 100,000 random n each and up to 100,000 multiples of d with both neighbours
+    assert run(divisor_check, "integers", 100000, 20261127) == 9754716
+
+
+@pytest.mark.slow  # 2^31 dividends a divisor: a few seconds each
+def test_index_divider_every_dividend(divisor_check):
+    assert run(divisor_check, "every-integer", 3, 41, 1000003, 2**31 - 1) == 4 * 2**31

@@ -243,15 +243,15 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   // The loads this lane holds: all K but in the trip past the end.
   const int loads = kFull ? K : static_cast<int>(min(int64_t{K}, (n - first + kLoad - 1) / kLoad));
 
-  Pack<scalar_t, V> in[K];
+  Pack<float, V> in[K];
   uint32_t amax[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     amax[k] = 0;
     if (kFull || k < loads) {
-      in[k] = *reinterpret_cast<const Pack<scalar_t, V>*>(x + first + k * kLoad);
+      in[k] = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + first + k * kLoad));
 #pragma unroll
-      for (int j = 0; j < V; ++j) amax[k] = max(amax[k], abs_bits(static_cast<float>(in[k].v[j])));
+      for (int j = 0; j < V; ++j) amax[k] = max(amax[k], abs_bits(in[k].v[j]));
     }
   }
   for (int lanes = 1; lanes < G; lanes *= 2) {
@@ -268,12 +268,12 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   const float a = __uint_as_float(block_amax);
   const float s = blockwise_scale<S>(a, geo.scale, g);
   float reciprocal;
+  const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
   if constexpr (S == BlockScale::kE8M0) {
     reciprocal = e8m0_inverse(s);  // the product is exact, and E8M0 blocks are never degenerate
   } else if constexpr (!kSlow) {
     const Divisor d = make_divisor(s);
     reciprocal = d.y;
-    const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
     if (__any_sync(kFullWarp, in_trip & (blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a)))) {
       vector_trip_slow<scalar_t, F, S, K, kFull>(x, y, mask_words, n, base, geo, rule, g);
       return;
@@ -299,13 +299,15 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       unsigned bit;
-      const float xv = static_cast<float>(in[k].v[j]);
+      const float xv = in[k].v[j];
       float v;
       if constexpr (kSlow) {
         v = block_element<F>(xv, b, rule, bit);
       } else {
         const float xs = S == BlockScale::kE8M0 ? e8m0_quotient(xv, yk[k]) : quotient_of(xv, Divisor{sk[k], yk[k], true});
-        v = blockwise_value_of_quotient<F>(xs, sk[k], rule, bit);
+        // kFinite: the fast trips divide finite blocks by fast divisors (above); an E8M0
+        // quotient is NaN only in a block holding NaN, whose scale is NaN (contract.h)
+        v = blockwise_value_of_quotient<F, true>(xs, sk[k], rule, bit);
       }
       out[k].v[j] = static_cast<scalar_t>(v);
       bits[k] |= bit << j;
@@ -475,10 +477,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t start = blk * len;
     uint32_t m = 0, n = 0;
     for (int64_t i = int64_t{t} * V; i < len; i += kStep) {
-      const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i);
+      const Pack<float, V> in = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i));
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float v = static_cast<float>(in.v[j]);
+        const float v = in.v[j];
         if constexpr (kCentered) {
           m = max(m, order_key(v));
           n = max(n, order_key(-v));
@@ -504,14 +506,14 @@ __global__ void __launch_bounds__(kThreads)
       unsigned bits = 0;
       if (i < len) {
         if (fast) {
-          const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i);
+          const Pack<float, V> in = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i));
           Pack<scalar_t, V> out;
 #pragma unroll
           for (int j = 0; j < V; ++j) {
             unsigned bit;
-            const float xv = static_cast<float>(in.v[j]);
+            const float xv = in.v[j];
             const float xc = kCentered ? sub_rn(xv, center) : xv;
-            const float v = blockwise_value_of_quotient<F>(quotient_of(xc, d), s, rule, bit);
+            const float v = blockwise_value_of_quotient<F, true>(quotient_of(xc, d), s, rule, bit);
             out.v[j] = static_cast<scalar_t>(kCentered ? add_rn(v, center) : v);
             bits |= bit << j;
           }

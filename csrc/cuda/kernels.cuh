@@ -17,9 +17,11 @@
 // intrinsic (div_rn, mul_rn, ... of contract.h), so neither --use_fast_math
 // nor FMA contraction could change a result; setup.py passes -fmad=false as well.
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "fakequant/contract.h"
+#include "fakequant/divider.h"
 
 namespace fakequant {
 namespace gpu {
@@ -61,17 +63,22 @@ struct DeviceLayout {
   int ndim;
   int64_t sizes[kMaxDims];
   int64_t param_strides[kMaxDims];
+  Divider32 dividers[kMaxDims];  // the sizes, where the tensor has fewer than 2^31 elements
 };
 
 // Parameter offset of the first element of `row` (one run of the innermost
-// dimension), in index type I (32-bit where the tensor allows: cheaper division).
+// dimension), in index type I (32-bit where the tensor allows: a multiply for each division).
 template <typename I>
 __device__ __forceinline__ int64_t row_param_offset(const DeviceLayout& L, I row) {
   int64_t offset = 0;
   for (int d = L.ndim - 2; d > 0; --d) {
-    const I size = static_cast<I>(L.sizes[d]);
-    const I next = row / size;
-    offset += static_cast<int64_t>(row - next * size) * L.param_strides[d];
+    I next;
+    if constexpr (std::is_same_v<I, uint32_t>) {
+      next = L.dividers[d].div(row);
+    } else {
+      next = row / static_cast<I>(L.sizes[d]);
+    }
+    offset += static_cast<int64_t>(row - next * static_cast<I>(L.sizes[d])) * L.param_strides[d];
     row = next;
   }
   if (L.ndim >= 2) offset += static_cast<int64_t>(row) * L.param_strides[0];  // row < sizes[0]
@@ -99,13 +106,25 @@ struct UniformLookup {
 };
 
 // Per-channel or any broadcast: a table of constants (one entry per
-// parameter, made by prepare_kernel) and the layout that maps element e, in
-// memory order, to its entry.
+// parameter, made by prepare_kernel, float32 entries with their Divisor) and the
+// layout that maps element e, in memory order, to its entry.
+// The layouts of per-channel quantization ([channels][inner], [outer][channels][inner],
+// [rows][channels]; fewer than 2^31 elements) as three levels, in 32-bit arithmetic:
+// element e is in row r = e / inner at column e % inner, and its entry is
+// (r % mid) * mid_stride + (r / mid) * outer_stride + column * step (mid = 1 with one
+// level, the first dimension with two).
+struct ShortLayout {
+  bool applies;
+  Divider32 inner, mid;
+  uint32_t step, mid_stride, outer_stride;
+};
+
 template <typename C>
 struct TableParams {
   const Consts<C>* table;
   DeviceLayout layout;
-  bool small_index;  // numel < 2^32: 32-bit index arithmetic
+  bool small_index;  // numel < 2^31: 32-bit index arithmetic (DeviceLayout::dividers)
+  ShortLayout short_layout;
 };
 
 template <typename C>
@@ -126,11 +145,32 @@ struct TableLookup {
   }
   // Positions the lookup at element e (one division per lane and tile).
   __device__ __forceinline__ void seek(int64_t e) {
-    row = p.small_index ? static_cast<int64_t>(static_cast<uint32_t>(e) / static_cast<uint32_t>(inner))
-                        : static_cast<int64_t>(static_cast<uint64_t>(e) / static_cast<uint64_t>(inner));
+    if (short_layout()) {
+      seek_short(e);
+      return;
+    }
+    row = static_cast<int64_t>(static_cast<uint64_t>(e) / static_cast<uint64_t>(inner));
     col = e - row * inner;
     j = row_offset(row) + col * step;
   }
+  // seek where short_layout() applies, in line and in 32-bit arithmetic.
+  __device__ __forceinline__ void seek_short(int64_t e) {
+    uint32_t c32, j32;
+    row = locate_short(static_cast<uint32_t>(e), c32, j32);
+    col = c32;
+    j = j32;
+  }
+  // Element e's row, column (returned in col32) and entry (in entry), where short_layout().
+  __device__ __forceinline__ uint32_t locate_short(uint32_t e, uint32_t& col32, uint32_t& entry) const {
+    const ShortLayout& L = p.short_layout;
+    const uint32_t r = L.inner.div(e);
+    const uint32_t outer = L.mid.div(r);
+    col32 = e - r * L.inner.d;
+    entry = (r - outer * L.mid.d) * L.mid_stride + outer * L.outer_stride + col32 * L.step;
+    return r;
+  }
+  __device__ __forceinline__ bool short_layout() const { return p.short_layout.applies; }
+
   // Constants of the k-th element from the seek; k counts up from 0 by 1.
   __device__ __forceinline__ const Consts<C>& get(int k) {
     if (k > 0) {
@@ -176,6 +216,27 @@ template <> struct MaskBytes<2> { using type = uint16_t; };
 template <> struct MaskBytes<4> { using type = uint32_t; };
 template <> struct MaskBytes<8> { using type = uint2; };
 
+// A vector's elements in float32. bfloat16 from its 32-bit words, by a shift or a mask: one
+// instruction an element, where the conversion of one element takes two for the upper
+// half of a word (extract, then shift).
+template <typename scalar_t, int V>
+__device__ __forceinline__ Pack<float, V> to_floats(const Pack<scalar_t, V> in) {  // (by value: a copy in registers)
+  Pack<float, V> out;
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && V % 2 == 0) {
+    uint32_t w[V / 2];
+    memcpy(w, &in, sizeof(w));
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) {
+      out.v[2 * k] = __uint_as_float(w[k] << 16);
+      out.v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = static_cast<float>(in.v[k]);
+  }
+  return out;
+}
+
 // Spreads V mask bits (element k at bit k) over V bool bytes.
 template <int V>
 __device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {
@@ -188,10 +249,14 @@ __device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {
   *reinterpret_cast<typename MaskBytes<V>::type*>(dst) = m.word;
 }
 
-// V elements with one set of constants, each x / s by div_rn: the vectors of quantize_lane
-// that the fast division does not take (an element beyond 2^60 or NaN, an invalid or extreme
-// scale), out of line; it loads and stores the vector itself and returns its mask bits, so
-// that the fast path keeps everything in registers.
+// --- one vector of V elements: the fast division where it applies, else out of line -------
+//
+// Each returns the vector's mask bits (element k at bit k). The out-of-line ones
+// (__noinline__) load and store the vector themselves and divide by div_rn, so that the
+// fast paths keep everything in registers: vectors with an element beyond 2^60 or NaN, an
+// invalid or extreme scale, or (per channel) constants that change inside the vector.
+
+// V elements with one set of constants, each x / s by div_rn.
 template <int V, Format F, Output O, Window W, typename scalar_t, typename C>
 __device__ __noinline__ unsigned quantize_vector_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                       C s, C lo, C hi, C zp, C wlo, C whi) {
@@ -208,47 +273,128 @@ __device__ __noinline__ unsigned quantize_vector_slow(const scalar_t* __restrict
   return bits;
 }
 
-template <typename Lookup>
-constexpr bool kFastDivision = false;
-template <>
-constexpr bool kFastDivision<UniformLookup<float>> = true;
+// V elements from element e0 of the table's layout, each with its own lookup (the general
+// per-channel case: a vector across the end of a run of the innermost dimension).
+template <int V, Format F, Output O, Window W, typename scalar_t>
+__device__ __noinline__ unsigned quantize_vector_table(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                       int64_t e0, const TableParams<float>& params) {
+  TableLookup<float> lookup(params);
+  lookup.seek(e0);
+  const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
+  Pack<scalar_t, V> out;
+  unsigned bits = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    unsigned m;
+    out.v[k] = static_cast<scalar_t>(quantize_value<F, O, W>(static_cast<float>(in.v[k]), lookup.get(k), m));
+    bits |= m << k;
+  }
+  *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
+  return bits;
+}
+
+// V elements with one set of constants and its Divisor, where the divisor and every
+// element allow the fast division: returns false (and writes nothing) where not.
+template <int V, Format F, Output O, Window W, typename scalar_t>
+__device__ __forceinline__ bool quantize_vector_one(scalar_t* __restrict__ y, const Pack<scalar_t, V>& in,
+                                                    const Consts<float>& c, const Divisor& d, unsigned& bits) {
+  const Pack<float, V> xf = to_floats(in);
+  bool fast = d.fast;
+#pragma unroll
+  for (int k = 0; k < V; ++k) fast &= fast_dividend(xf.v[k]);
+  if (!fast) return false;
+  Pack<scalar_t, V> out;
+  bits = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    unsigned m;
+    const float xv = xf.v[k];
+    out.v[k] = static_cast<scalar_t>(quantize_value_of_quotient<F, O, W, true>(
+        xv, quotient_of(xv, d), c.scale, c.lo, c.hi, c.zero_point, c.window_lo, c.window_hi, m));
+    bits |= m << k;
+  }
+  *reinterpret_cast<Pack<scalar_t, V>*>(y) = out;
+  return true;
+}
+
+// The vectors of a table that quantize_vector_one does not take: V consecutive entries
+// (channels innermost, as in channels_last activations or the last axis quantized per
+// channel) with the fast division where it applies, else quantize_vector_table.
+template <int V, Format F, Output O, Window W, typename scalar_t>
+__device__ __noinline__ unsigned quantize_vector_other(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                       int64_t e0, const TableParams<float>& params) {
+  TableLookup<float> lookup(params);
+  if (!lookup.short_layout()) return quantize_vector_table<V, F, O, W>(x, y, e0, params);
+  lookup.seek_short(e0);
+  if (lookup.step != 1 || lookup.col + V > lookup.inner) return quantize_vector_table<V, F, O, W>(x, y, e0, params);
+  const Pack<float, V> xf = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + e0));
+  Consts<float> c[V];
+  bool fast = true;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    c[k] = load_consts(params.table + lookup.j + k);
+    fast &= (c[k].fast != 0.0f) & fast_dividend(xf.v[k]);
+  }
+  if (!fast) return quantize_vector_table<V, F, O, W>(x, y, e0, params);
+  Pack<scalar_t, V> out;
+  unsigned bits = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    unsigned m;
+    const float xv = xf.v[k];
+    out.v[k] = static_cast<scalar_t>(quantize_value_of_quotient<F, O, W, true>(
+        xv, quotient_of(xv, divisor_of(c[k])), c[k].scale, c[k].lo, c[k].hi, c[k].zero_point, c[k].window_lo,
+        c[k].window_hi, m));
+    bits |= m << k;
+  }
+  *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
+  return bits;
+}
+
+// A vector of float compute (V > 1): per tensor, one set of constants; per channel, one set
+// in line where the vector lies in one run of a channel, else out of line.
+template <int V, Format F, Output O, Window W, typename scalar_t, typename C, typename Family>
+__device__ __forceinline__ unsigned quantize_vector(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                    int64_t e0, const Pack<scalar_t, V>& in,
+                                                    UniformLookup<C>& lookup, const UniformParams<C, Family>&) {
+  unsigned bits;
+  if (quantize_vector_one<V, F, O, W>(y + e0, in, lookup.c, lookup.d, bits)) return bits;
+  const Consts<C>& c = lookup.c;
+  return quantize_vector_slow<V, F, O, W>(x + e0, y + e0, c.scale, c.lo, c.hi, c.zero_point, c.window_lo, c.window_hi);
+}
+template <int V, Format F, Output O, Window W, typename scalar_t>
+__device__ __forceinline__ unsigned quantize_vector(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                    int64_t e0, const Pack<scalar_t, V>& in,
+                                                    TableLookup<float>& lookup, const TableParams<float>& params) {
+  if (lookup.short_layout()) {
+    uint32_t col, entry;
+    lookup.locate_short(static_cast<uint32_t>(e0), col, entry);
+    if ((params.short_layout.step == 0) & (col + V <= params.short_layout.inner.d)) {
+      const Consts<float> c = load_consts(params.table + entry);
+      unsigned bits;
+      if (quantize_vector_one<V, F, O, W>(y + e0, in, c, divisor_of(c), bits)) return bits;
+    }
+  }
+  return quantize_vector_other<V, F, O, W>(x, y, e0, params);
+}
 
 // One lane's part of a warp tile: elements e0 .. e0 + V - 1. With V > 1 they
 // are all in range and 16-byte aligned; with V == 1, e0 may be past the end.
 // Every lane of the warp calls it together (the mask shuffles).
-template <int V, Format F, Output O, Window W, MaskOut M, typename scalar_t, typename Lookup>
+template <int V, Format F, Output O, Window W, MaskOut M, typename scalar_t, typename Lookup, typename Params>
 __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
                                               scalar_t* __restrict__ y,
                                               uint8_t* __restrict__ mask, int64_t e0, int64_t n,
-                                              Lookup& lookup, int lane) {
+                                              Lookup& lookup, const Params& params, int lane) {
   using C = compute_t<scalar_t>;
   unsigned bits = 0;
   if (V > 1 || e0 < n) {
     const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
-    Pack<scalar_t, V> out;
-    lookup.seek(e0);
-    if constexpr (kFastDivision<Lookup> && V > 1) {
-      // one set of constants: x / s as quotient_of where the scale and every element allow it
-      const Consts<C>& c = lookup.get(0);
-      bool fast = lookup.d.fast;
-#pragma unroll
-      for (int k = 0; k < V; ++k) fast &= fast_dividend(static_cast<float>(in.v[k]));
-      if (fast) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          unsigned m;
-          const float xv = static_cast<float>(in.v[k]);
-          const C v = quantize_value_of_quotient<F, O, W>(xv, quotient_of(xv, lookup.d), c.scale, c.lo, c.hi,
-                                                          c.zero_point, c.window_lo, c.window_hi, m);
-          out.v[k] = static_cast<scalar_t>(v);
-          bits |= m << k;
-        }
-        *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
-      } else {
-        bits = quantize_vector_slow<V, F, O, W>(x + e0, y + e0, c.scale, c.lo, c.hi, c.zero_point, c.window_lo,
-                                                c.window_hi);
-      }
+    if constexpr (std::is_same_v<C, float> && V > 1) {
+      bits = quantize_vector<V, F, O, W>(x, y, e0, in, lookup, params);
     } else {
+      Pack<scalar_t, V> out;
+      lookup.seek(e0);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         unsigned m;
@@ -269,8 +415,13 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
   }
 }
 
-// Elements [0, n_vec) in tiles of 32 * kVec (vector loads), then [n_vec, n) in
-// tiles of 32 (scalar loads). n_vec is a multiple of 32 * kVec, so of 8.
+// Elements [0, n_vec) in tiles of kQuantizeTile (two vector loads a lane: the second at a
+// constant offset from the first, so that one address serves both and the loop's own
+// instructions count once for both), then [n_vec, n) in tiles of 32 (scalar loads).
+// n_vec is a multiple of kQuantizeTile, so of 8.
+template <typename scalar_t>
+constexpr int64_t kQuantizeTile = int64_t{2} * kWarpSize * kVec<scalar_t>;
+
 template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Params>
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
@@ -283,13 +434,15 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
 
-  const int64_t vec_tiles = n_vec / kTileV;
+  const int64_t vec_tiles = n_vec / kQuantizeTile<scalar_t>;
   for (int64_t t = warp; t < vec_tiles; t += nwarps) {
-    quantize_lane<V, F, O, W, M>(x, y, mask, t * kTileV + lane * V, n, lookup, lane);
+    const int64_t e0 = t * kQuantizeTile<scalar_t> + lane * V;
+    quantize_lane<V, F, O, W, M>(x, y, mask, e0, n, lookup, params, lane);
+    quantize_lane<V, F, O, W, M>(x, y, mask, e0 + kTileV, n, lookup, params, lane);
   }
   const int64_t scalar_tiles = (n - n_vec + kWarpSize - 1) / kWarpSize;
   for (int64_t t = warp; t < scalar_tiles; t += nwarps) {
-    quantize_lane<1, F, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, lane);
+    quantize_lane<1, F, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, params, lane);
   }
 }
 
@@ -297,7 +450,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename C, typename Family>
 __global__ void prepare_kernel(Consts<C>* __restrict__ table, int64_t count, const Family family) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) table[i] = family.template make<C>(i);
+  if (i < count) table[i] = with_divisor(family.template make<C>(i));
 }
 
 // --- backward: grad where mask, else +0 --------------------------------------------

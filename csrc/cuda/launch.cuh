@@ -41,7 +41,10 @@
 namespace fakequant {
 namespace gpu {
 
-inline DeviceLayout device_layout(const ParamLayout& layout) {
+// Tensors of fewer than 2^31 elements take 32-bit index arithmetic (Divider32).
+inline bool small_index(int64_t numel) { return numel < (int64_t{1} << 31); }
+
+inline DeviceLayout device_layout(const ParamLayout& layout, int64_t numel) {
   const int nd = static_cast<int>(layout.sizes.size());
   TORCH_CHECK_VALUE(nd <= DeviceLayout::kMaxDims,
                     "fakequant: on CUDA, parameters may broadcast over at most ",
@@ -51,8 +54,23 @@ inline DeviceLayout device_layout(const ParamLayout& layout) {
   for (int i = 0; i < nd; ++i) {
     d.sizes[i] = layout.sizes[i];
     d.param_strides[i] = layout.param_strides[i];
+    if (small_index(numel)) d.dividers[i] = make_divider32(layout.sizes[i]);
   }
   return d;
+}
+
+// The layout as ShortLayout, where it applies (fewer than 2^31 elements, at most three dimensions).
+inline ShortLayout short_layout(const ParamLayout& layout, int64_t numel) {
+  ShortLayout s{};
+  const int nd = static_cast<int>(layout.sizes.size());
+  s.applies = small_index(numel) && nd <= 3;
+  if (!s.applies) return s;
+  s.inner = make_divider32(layout.sizes[nd - 1]);
+  s.step = static_cast<uint32_t>(layout.param_strides[nd - 1]);
+  s.mid = make_divider32(nd >= 2 ? layout.sizes[nd - 2] : 1);
+  s.mid_stride = nd >= 2 ? static_cast<uint32_t>(layout.param_strides[nd - 2]) : 0;
+  s.outer_stride = nd == 3 ? static_cast<uint32_t>(layout.param_strides[0]) : 0;
+  return s;
 }
 
 inline int multiprocessor_count(int device) {

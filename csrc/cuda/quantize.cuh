@@ -21,8 +21,9 @@ void launch_quantize(const QuantizeJob& job, const Params& params) {
   // (y and the mask are fresh allocations; input may be a view at any offset).
   const bool vectorised = aligned16(xp) && aligned16(yp) &&
                           (M != MaskOut::kBool || reinterpret_cast<uintptr_t>(mp) % V == 0);
-  const int64_t n_vec = vectorised ? n / (kWarpSize * V) * (kWarpSize * V) : 0;
-  const int64_t tiles = std::max(n_vec / (kWarpSize * V), (n - n_vec + kWarpSize - 1) / kWarpSize);
+  constexpr int64_t kTile = kQuantizeTile<scalar_t>;
+  const int64_t n_vec = vectorised ? n / kTile * kTile : 0;
+  const int64_t tiles = std::max(n_vec / kTile, (n - n_vec + kWarpSize - 1) / kWarpSize);
   const unsigned blocks = grid_for(tiles, job.x.get_device());
   launch_kernel(&quantize_kernel<scalar_t, F, O, W, M, Params>, blocks, at::cuda::getCurrentCUDAStream(),
                 xp, yp, mp, n, n_vec, params);
@@ -53,7 +54,8 @@ void quantize_typed(const QuantizeJob& job) {
     // The caching allocator orders any reuse of `table` after this
     // stream's queued kernels, so it may be freed when this returns.
     launch_quantize<scalar_t, F, O, W, M>(
-        job, TableParams<C>{tp, device_layout(job.layout), job.x.numel() < (int64_t{1} << 32)});
+        job, TableParams<C>{tp, device_layout(job.layout, job.x.numel()), small_index(job.x.numel()),
+                            short_layout(job.layout, job.x.numel())});
   });
 }
 

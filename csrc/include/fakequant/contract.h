@@ -35,6 +35,11 @@
 
 #include "float_formats.h"
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>  // round_to_small_float, compute capability 8.9 on
+#endif
+
 namespace fakequant {
 
 // --- constants and ranges ------------------------------------------------------------
@@ -87,6 +92,8 @@ __device__ __forceinline__ float abs_value(float v) { return fabsf(v); }
 __device__ __forceinline__ double abs_value(double v) { return fabs(v); }
 __device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ __forceinline__ float copy_sign(float magnitude, float sign) { return copysignf(magnitude, sign); }
+__device__ __forceinline__ float min_value(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ float max_value(float a, float b) { return fmaxf(a, b); }
 #else
 template <typename C>
 inline C div_rn(C a, C b) { return a / b; }
@@ -106,6 +113,8 @@ template <typename C>
 inline C abs_value(C v) { return std::abs(v); }
 inline float fma_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float copy_sign(float magnitude, float sign) { return std::copysign(magnitude, sign); }
+inline float min_value(float a, float b) { return std::fmin(a, b); }
+inline float max_value(float a, float b) { return std::fmax(a, b); }
 #endif
 
 template <typename C>
@@ -255,12 +264,28 @@ struct ParamPtr {
 
 // lo/hi bound rint(x / scale) (the quantization range less the zero point), or
 // x / scale for the FP8 grids (+-max of the format); the mask window is
-// [window_lo, window_hi] of x where the mask is the input window. Padded to 8
-// members so that a CUDA table entry is two (float) or four (double) 128-bit loads.
+// [window_lo, window_hi] of x where the mask is the input window. Eight members,
+// so that a CUDA table entry is two (float) or four (double) 128-bit loads; the last
+// two keep the scale's Divisor where a table holds it (with_divisor), else 0.
 template <typename C>
 struct alignas(8 * sizeof(C)) Consts {
-  C scale, lo, hi, zero_point, window_lo, window_hi, pad0, pad1;
+  C scale, lo, hi, zero_point, window_lo, window_hi, inverse, fast;
 };
+
+// A float32 entry with its scale's Divisor (contract's division, above) made once, for
+// tables that many elements read (the CUDA per-channel kernels); divisor_of reads it back.
+// An invalid entry (NaN scale) is not fast.
+C10_HOST_DEVICE inline Consts<float> with_divisor(const Consts<float>& entry) {
+  Consts<float> c = entry;
+  const Divisor d = make_divisor(c.scale);
+  c.inverse = d.y;
+  c.fast = d.fast ? 1.0f : 0.0f;
+  return c;
+}
+C10_HOST_DEVICE inline Consts<double> with_divisor(const Consts<double>& c) { return c; }
+C10_HOST_DEVICE inline Divisor divisor_of(const Consts<float>& c) {
+  return Divisor{c.scale, c.inverse, c.fast != 0.0f};
+}
 
 // An invalid parameter: NaN outputs and mask 0 (every comparison with NaN is false).
 template <typename C>
@@ -274,8 +299,19 @@ C10_HOST_DEVICE inline Consts<C> invalid_consts() {
 // float format fmt (fake quantization), or the integer q itself (the kInt format
 // only: quantize_amax).
 enum class Output { kFake, kInteger };
-// The mask: rint(x / scale) unclamped in [lo, hi], or x in [window_lo, window_hi].
-enum class Window { kQuantRange, kInput };
+// The mask: rint(x / scale) unclamped in [lo, hi], x in [window_lo, window_hi], or |x| <=
+// window_hi where window_lo = -window_hi (kSymmetricInput: the same bits in one comparison).
+enum class Window { kQuantRange, kInput, kSymmetricInput };
+
+// The mask of the input windows.
+template <Window W, typename C>
+C10_HOST_DEVICE inline bool in_window(C xv, C wlo, C whi) {
+  if constexpr (W == Window::kSymmetricInput) {
+    return abs_value(xv) <= whi;
+  } else {
+    return (xv >= wlo) & (xv <= whi);
+  }
+}
 // What the op returns beside y: a packed mask (one bit per element in memory
 // order), a bool mask shaped like y, or none (fake_quantize_lsq's forward).
 enum class MaskOut { kPacked, kBool, kNone };
@@ -352,7 +388,7 @@ struct MinMaxFamily {
 // exact in float) or of x / scale (FP8: +-max of the format); mask |x| <= amax;
 // amax <= kAmaxEpsilon quantizes everything to 0 (scale 1, range [0, 0]).
 struct AmaxFamily {
-  static constexpr Window kWindow = Window::kInput;
+  static constexpr Window kWindow = Window::kSymmetricInput;  // [-amax, amax]
   ParamPtr amax;
   float bound, quant_min;
 
@@ -372,6 +408,24 @@ struct AmaxFamily {
   }
 };
 
+// round_to_format for the small float F, as the CUDA kernels compute it: on GPUs with FP8
+// conversions (compute capability 8.9 on), E4M3 and E5M2 by the conversion instruction
+// (cvt.rn.satfinite, through cuda_fp8.h) and back through float16, both exact where they
+// agree: nearest, ties to even, a value beyond +-max to +-max, NaN to NaN, a zero keeping
+// its sign. tests/fp8_check.cpp compares NVIDIA's host implementation of the conversion
+// with round_to_format (every float32 in `make slow`); the other formats, and every other
+// device, take round_to_format.
+template <Format F>
+C10_HOST_DEVICE inline float round_to_small_float(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (F == Format::kE4M3 || F == Format::kE5M2) {
+    constexpr __nv_fp8_interpretation_t kind = F == Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind), kind)));
+  }
+#endif
+  return round_to_format(v, float_format_of<F>());
+}
+
 // --- the quantize rule ------------------------------------------------------------------------
 
 // One element x (in the compute type) with its parameter's constants: returns
@@ -379,24 +433,59 @@ struct AmaxFamily {
 // the CPU loops can keep them in separate arrays (vectorised loads).
 // From the quotient xs = x / s (correctly rounded, or contract's quotient_of), for kernels
 // that form it in their own way.
-template <Format F, Output O, Window W, typename C, typename M>
+// The integer grid's code of a quotient xs: r = rint(xs) clamped to [lo, hi], whether r
+// was inside, and the code dequantized, (q + 0) * s: + 0.0 so that q = -0.0 (x in
+// (-s/2, 0)) dequantizes to +0.0, as in ONNX Runtime.
+//
+// kFinite: the same bits in fewer operations where lo and hi are finite and xs is not NaN
+// (the kernels' fast division: a fast Divisor, whose scale is valid, and fast dividends;
+// an invalid parameter's NaN scale is never fast), or, for the fake output, where s is NaN
+// too (an E8M0 block holding NaN: its scale is NaN). Without NaN, clamp_nan is min/max up to
+// the sign of a zero r, r is inside exactly when the clamp leaves it alone (q == r, +0 ==
+// -0 included; infinities too), and fma(q, s, +0) rounds q * s + 0 once: RN(q * s), except
+// that an exact -0 becomes +0, which is (q + 0) * s. The one place q's zero sign could show
+// is the integer output q + zp, where zp is an integer, +0 when zero: -0 + zp == +0 + zp.
+// With xs and s NaN, both give NaN and mask 0. tests/divisor_check.cpp compares both spellings.
+template <typename C>
+struct IntegerCode {
+  C q;
+  bool inside;
+};
+
+template <bool kFinite, typename C>
+C10_HOST_DEVICE inline IntegerCode<C> integer_code(C xs, C lo, C hi) {
+  const C r = round_half_even(xs);
+  if constexpr (kFinite && std::is_same_v<C, float>) {
+    const C q = min_value(max_value(r, lo), hi);
+    return {q, q == r};
+  } else {
+    return {clamp_nan(r, lo, hi), static_cast<bool>((r >= lo) & (r <= hi))};
+  }
+}
+
+template <bool kFinite, typename C>
+C10_HOST_DEVICE inline C dequantize_code(C q, C s) {
+  if constexpr (kFinite && std::is_same_v<C, float>) {
+    return fma_rn(q, s, 0.0f);
+  } else {
+    return mul_rn(add_rn(q, C(0)), s);
+  }
+}
+
+template <Format F, Output O, Window W, bool kFinite = false, typename C, typename M>
 C10_HOST_DEVICE inline C quantize_value_of_quotient(C xv, C xs, C s, C lo, C hi, C zp, C wlo, C whi, M& m) {
   if constexpr (F != Format::kInt) {
-    static_assert(W == Window::kInput, "the FP8/FP6 mask is the input window |x| <= amax");
+    static_assert(W != Window::kQuantRange, "the FP8/FP6 mask is the input window |x| <= amax");
     static_assert(O == Output::kFake, "a float format has no integer output");
-    constexpr FloatFormat format = float_format_of<F>();
     const C c = clamp_nan(xs, lo, hi);
-    m = static_cast<M>((xv >= wlo) & (xv <= whi));
+    m = static_cast<M>(in_window<W>(xv, wlo, whi));
     // float64 goes through float32 first, as torch's double -> float8 cast does;
     // a zero keeps its sign (see the top of this file).
-    return mul_rn(static_cast<C>(round_to_format(to_float_rn(c), format)), s);
+    return mul_rn(static_cast<C>(round_to_small_float<F>(to_float_rn(c))), s);
   } else {
-    const C r = round_half_even(xs);
-    const C q = clamp_nan(r, lo, hi);
-    m = W == Window::kQuantRange ? static_cast<M>((r >= lo) & (r <= hi))
-                                 : static_cast<M>((xv >= wlo) & (xv <= whi));
-    // + 0.0: q = -0.0 (x in (-s/2, 0)) dequantizes to +0.0, as in ONNX Runtime.
-    return O == Output::kFake ? mul_rn(add_rn(q, C(0)), s) : add_rn(q, zp);
+    const IntegerCode<C> code = integer_code<kFinite>(xs, lo, hi);
+    m = W == Window::kQuantRange ? static_cast<M>(code.inside) : static_cast<M>(in_window<W>(xv, wlo, whi));
+    return O == Output::kFake ? dequantize_code<kFinite>(code.q, s) : add_rn(code.q, zp);
   }
 }
 
@@ -571,15 +660,15 @@ C10_HOST_DEVICE inline C degenerate_value(C xv, M& m) {
 // format's limit. Integers give +0.0 for q = -0.0; float elements keep the sign.
 // From the quotient xs = x / s (correctly rounded), for kernels that form it in
 // their own way (e8m0_quotient).
-template <Format F, typename C, typename M>
+template <Format F, bool kFinite = false, typename C, typename M>
 C10_HOST_DEVICE inline C blockwise_value_of_quotient(C xs, C s, const BlockRule<C>& rule, M& m) {
   if constexpr (F == Format::kInt) {
-    const C r = round_half_even(xs);
-    m = static_cast<M>((r >= rule.quant_min) & (r <= rule.quant_max));
-    return mul_rn(add_rn(clamp_nan(r, rule.quant_min, rule.quant_max), C(0)), s);
+    const IntegerCode<C> code = integer_code<kFinite>(xs, rule.quant_min, rule.quant_max);
+    m = static_cast<M>(code.inside);
+    return dequantize_code<kFinite>(code.q, s);
   } else {
     m = static_cast<M>(abs_value(xs) <= rule.float_limit);
-    return mul_rn(static_cast<C>(round_to_format(to_float_rn(xs), float_format_of<F>())), s);
+    return mul_rn(static_cast<C>(round_to_small_float<F>(to_float_rn(xs))), s);
   }
 }
 
