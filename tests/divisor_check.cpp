@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "check_bits.h"
 #include "fakequant/contract.h"
 #include "fakequant/divider.h"
 
@@ -28,17 +29,6 @@ using namespace fakequant;
 
 namespace {
 
-uint32_t bits_of(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-float float_of(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, 4);
-  return v;
-}
-bool same_bits(float a, float b) { return bits_of(a) == bits_of(b) || (a != a && b != b); }
 
 int failures = 0;
 // Whether check() also compares the integer grid's two spellings (sampled mode; the exhaustive

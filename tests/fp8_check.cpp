@@ -18,22 +18,12 @@
 #include <cstring>
 #include <random>
 
+#include "check_bits.h"
 #include "fakequant/contract.h"
 
 using namespace fakequant;
 
 namespace {
-
-uint32_t bits_of(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-float float_of(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, 4);
-  return v;
-}
 
 int failures = 0;
 
@@ -45,8 +35,8 @@ float converted(float v, __nv_fp8_interpretation_t kind) {
 void check(float v) {
   const float a = round_to_format(v, kE4M3), b = converted(v, __NV_E4M3);
   const float c = round_to_format(v, kE5M2), d = converted(v, __NV_E5M2);
-  const bool e4m3 = bits_of(a) == bits_of(b) || (a != a && b != b);
-  const bool e5m2 = bits_of(c) == bits_of(d) || (c != c && d != d);
+  const bool e4m3 = same_bits(a, b);
+  const bool e5m2 = same_bits(c, d);
   if (!(e4m3 && e5m2) && failures++ == 0) {
     std::printf("%s: v = %a (0x%08" PRIx32 "): round_to_format %a, conversion %a\n", e4m3 ? "E5M2" : "E4M3",
                 static_cast<double>(v), bits_of(v), static_cast<double>(e4m3 ? c : a),

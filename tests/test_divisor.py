@@ -3,35 +3,14 @@ they make once, against the correctly rounded division (tests/divisor_check.cpp,
 the host compiler: the FMAs and roundings are IEEE's on both): the same quotient, or both tiny
 with the same sign, and the same bits from every element rule; and divider.h's division of
 indices by a multiply (Divider32) against the integer division."""
-import os
-import shutil
-import subprocess
-
 import pytest
-from torch.utils import cpp_extension
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from native_check import build, run
 
 
 @pytest.fixture(scope="module")
 def divisor_check(tmp_path_factory):
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no C++ compiler")
-    exe = str(tmp_path_factory.mktemp("divisor") / "divisor_check")
-    includes = [f"-I{p}" for p in [os.path.join(ROOT, "csrc", "include"), *cpp_extension.include_paths()]]
-    # -ffp-contract=off: every operation rounded once, as in the library (setup.py)
-    subprocess.run([compiler, "-std=c++20", "-O2", "-ffp-contract=off", *includes, "-o", exe,
-                    os.path.join(HERE, "divisor_check.cpp")], check=True)
-    return exe
-
-
-def run(exe, *args):
-    out = subprocess.run([exe, *map(str, args)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.startswith("checked "), out.stdout
-    return int(out.stdout.split()[1])
+    return build(tmp_path_factory, "divisor_check")
 
 
 def test_quotient_of_sampled(divisor_check):

@@ -4,14 +4,11 @@ must give round_to_format's value. tests/fp8_check.cpp compares NVIDIA's host im
 of that conversion (cuda_fp8.h, from the CUDA toolkit that builds the kernels) with
 round_to_format, bit for bit; `make gpu-check` compares the GPU itself with the CPU."""
 import os
-import shutil
-import subprocess
 
 import pytest
 from torch.utils import cpp_extension
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from native_check import build, run
 
 
 def cuda_include():
@@ -24,22 +21,10 @@ def cuda_include():
 
 @pytest.fixture(scope="module")
 def fp8_check(tmp_path_factory):
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     include = cuda_include()
-    if compiler is None or include is None:
-        pytest.skip("no C++ compiler or no CUDA toolkit (cuda_fp8.h)")
-    exe = str(tmp_path_factory.mktemp("fp8") / "fp8_check")
-    includes = [f"-I{p}" for p in [include, os.path.join(ROOT, "csrc", "include"), *cpp_extension.include_paths()]]
-    subprocess.run([compiler, "-std=c++20", "-O2", "-ffp-contract=off", *includes, "-o", exe,
-                    os.path.join(HERE, "fp8_check.cpp")], check=True)
-    return exe
-
-
-def run(exe, *args):
-    out = subprocess.run([exe, *map(str, args)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.startswith("checked "), out.stdout
-    return int(out.stdout.split()[1])
+    if include is None:
+        pytest.skip("no CUDA toolkit (cuda_fp8.h)")
+    return build(tmp_path_factory, "fp8_check", [include])
 
 
 def test_fp8_conversion_sampled(fp8_check):

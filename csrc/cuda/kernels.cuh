@@ -293,6 +293,26 @@ __device__ __noinline__ unsigned quantize_vector_table(const scalar_t* __restric
   return bits;
 }
 
+// Stores the V outputs of elements xf, element k with constants consts(k) and their Divisor
+// divisor(k), all in the fast division's range; returns the mask bits.
+template <int V, Format F, Output O, Window W, typename scalar_t, typename ConstsOf, typename DivisorOf>
+__device__ __forceinline__ unsigned quantize_fast(scalar_t* __restrict__ y, const Pack<float, V>& xf,
+                                                  ConstsOf consts, DivisorOf divisor) {
+  Pack<scalar_t, V> out;
+  unsigned bits = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    unsigned m;
+    const float xv = xf.v[k];
+    const Consts<float>& c = consts(k);
+    out.v[k] = static_cast<scalar_t>(quantize_value_of_quotient<F, O, W, true>(
+        xv, quotient_of(xv, divisor(k)), c.scale, c.lo, c.hi, c.zero_point, c.window_lo, c.window_hi, m));
+    bits |= m << k;
+  }
+  *reinterpret_cast<Pack<scalar_t, V>*>(y) = out;
+  return bits;
+}
+
 // V elements with one set of constants and its Divisor, where the divisor and every
 // element allow the fast division: returns false (and writes nothing) where not.
 template <int V, Format F, Output O, Window W, typename scalar_t>
@@ -303,17 +323,8 @@ __device__ __forceinline__ bool quantize_vector_one(scalar_t* __restrict__ y, co
 #pragma unroll
   for (int k = 0; k < V; ++k) fast &= fast_dividend(xf.v[k]);
   if (!fast) return false;
-  Pack<scalar_t, V> out;
-  bits = 0;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    unsigned m;
-    const float xv = xf.v[k];
-    out.v[k] = static_cast<scalar_t>(quantize_value_of_quotient<F, O, W, true>(
-        xv, quotient_of(xv, d), c.scale, c.lo, c.hi, c.zero_point, c.window_lo, c.window_hi, m));
-    bits |= m << k;
-  }
-  *reinterpret_cast<Pack<scalar_t, V>*>(y) = out;
+  bits = quantize_fast<V, F, O, W>(y, xf, [&](int) -> const Consts<float>& { return c; },
+                                   [&](int) -> const Divisor& { return d; });
   return true;
 }
 
@@ -336,19 +347,8 @@ __device__ __noinline__ unsigned quantize_vector_other(const scalar_t* __restric
     fast &= (c[k].fast != 0.0f) & fast_dividend(xf.v[k]);
   }
   if (!fast) return quantize_vector_table<V, F, O, W>(x, y, e0, params);
-  Pack<scalar_t, V> out;
-  unsigned bits = 0;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    unsigned m;
-    const float xv = xf.v[k];
-    out.v[k] = static_cast<scalar_t>(quantize_value_of_quotient<F, O, W, true>(
-        xv, quotient_of(xv, divisor_of(c[k])), c[k].scale, c[k].lo, c[k].hi, c[k].zero_point, c[k].window_lo,
-        c[k].window_hi, m));
-    bits |= m << k;
-  }
-  *reinterpret_cast<Pack<scalar_t, V>*>(y + e0) = out;
-  return bits;
+  return quantize_fast<V, F, O, W>(y + e0, xf, [&](int k) -> const Consts<float>& { return c[k]; },
+                                   [&](int k) { return divisor_of(c[k]); });
 }
 
 // A vector of float compute (V > 1): per tensor, one set of constants; per channel, one set
