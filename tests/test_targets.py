@@ -289,6 +289,29 @@ def test_onnx_export_refuses_the_vllm_target(tmp_path, dynamo):
         model = torch.nn.Sequential(torch.nn.Linear(32, 16))
         model = fakequant.quantize_model(model, preset=preset, target="vllm").eval()
         fakequant.calibrate(model, [torch.randn(4, 32)], progress=False)
-        with pytest.raises(ValueError, match=r"^0\._input_quantizer: trained for target='vllm'.*ONNX cannot describe it"):
+        refused = r"^0\._input_quantizer: trained for target='vllm'.*ONNX cannot describe it"
+        with pytest.raises(ValueError, match=refused):
             fakequant.onnx.export(model, (torch.randn(4, 32),), tmp_path / "m.onnx", dynamo=dynamo)
         assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("preset", ["MXFP8", "MXFP4"])
+def test_vllm_mx_logits_are_the_compressed_loads_bit_for_bit(tmp_path, preset):
+    """Where compressed-tensors' rule is the vllm target's (MX activations; bfloat16, in which its
+    compressed load runs MX weights), its compressed load computes fakequant's logits bit for bit,
+    given the model built as a load builds it (from_config(dtype=...): the rotary frequencies in
+    float32; model.to(torch.bfloat16) would round them, and the attention with them)."""
+    pytest.importorskip("compressed_tensors")
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_llama().config, dtype=torch.bfloat16).eval()
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    model = _calibrated(fakequant.quantize_model(model, preset=preset, target="vllm"))
+    fakequant.export_checkpoint(model, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(input_ids=ids).logits, loaded(input_ids=ids).logits
+    assert bits_equal(theirs, ours)

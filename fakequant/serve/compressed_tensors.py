@@ -147,17 +147,18 @@ class CompressedTensors(ServingFormat):
                                          f"NVFP4 is E2M1 in groups of {_NVFP4_BLOCK}")
             codes, tensors["weight_scale"], g, divides = nvfp4(self, where, q, w, y, size)
             if divides:  # target="vllm": the format's own rule, G = 2688 / amax
-                global_scale: Optional[torch.Tensor] = g.reshape(1)
+                global_scale = g.reshape(1)
             else:  # target="onnx": fakequant multiplies by g; search a G for it
                 with torch.no_grad():
                     target = q(weight.detach().cpu())  # (what exact_weight compares with)
-                global_scale = _search_global_scale(g, tensors["weight_scale"], codes, target)
-                if global_scale is None:
+                found = _search_global_scale(g, tensors["weight_scale"], codes, target)
+                if found is None:
                     raise self.refuse(where, f"no float32 global scale G makes the format's block scales (E4M3 code "
                                              f"/ G) reproduce fakequant's (E4M3 code * {g.item()!r}) in "
                                              f"{target.dtype} weights (compressed-tensors decompresses FP4 weights to "
                                              "bfloat16: export a bfloat16 model, model.to(torch.bfloat16); or train "
                                              "with quantize_model(target='vllm'), whose block scales are the format's)")
+                global_scale = found
             tensors["weight_global_scale"] = global_scale
             args = {"strategy": "tensor_group", "group_size": size, "scale_dtype": "torch.float8_e4m3fn",
                     "zp_dtype": "torch.float8_e4m3fn"}
