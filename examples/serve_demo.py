@@ -82,6 +82,8 @@ WHY_TARGET = {
     ("W4A8", "onnx"): "per-token int8 inputs: compressed-tensors' scale is amax / 127.5, fakequant's amax / 127",
     ("W8A8", "vllm"): "per-token int8 inputs: compressed-tensors' scale is amax / 127.5, vLLM's amax / 127",
     ("W4A8", "vllm"): "per-token int8 inputs: compressed-tensors' scale is amax / 127.5, vLLM's amax / 127",
+    ("FP8", "vllm"): "per-tensor FP8 inputs: vLLM multiplies by the rounded reciprocal of the scale, "
+                     "compressed-tensors divides by it (ties fall apart)",
     ("NVFP4", "onnx"): "activation block scales: compressed-tensors divides E4M3 codes by a global scale, "
                        "fakequant multiplies",
     ("NVFP4", "vllm"): "activation block scales: compressed-tensors computes amax / 6 in bfloat16, vLLM in float32",
