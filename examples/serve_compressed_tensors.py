@@ -33,13 +33,28 @@ RUNS = [("W8A8", torch.float32), ("W8A8", torch.bfloat16), ("INT8", torch.float3
 VLLM_RUNS = RUNS[:11] + [("NVFP4", torch.float32)] + RUNS[11:]
 
 
+def to_dtype(model, dtype):
+    """``model.to(dtype)`` with its rotary frequencies (the ``inv_freq`` buffers) kept as they were,
+    float32: what a load with ``from_pretrained(..., dtype=...)`` has (transformers computes them
+    in float32 and a checkpoint does not store them). ``model.to(torch.bfloat16)`` alone rounds them
+    to bfloat16, and the model's RoPE with them: its attention then differs from the loaded
+    model's, whatever the quantization."""
+    kept = {name: b for name, b in model.named_buffers()
+            if name.rpartition(".")[2] in ("inv_freq", "original_inv_freq")}
+    model.to(dtype)
+    for name, b in kept.items():
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, b)
+    return model
+
+
 def make(args, dtype, hidden):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=args.layers,
         num_attention_heads=4, num_key_value_heads=2, vocab_size=args.vocab, bos_token_id=0, eos_token_id=0,
         pad_token_id=0)
-    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+    return to_dtype(transformers.LlamaForCausalLM(config), dtype).eval()
 
 
 def size(directory):

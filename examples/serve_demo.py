@@ -26,7 +26,13 @@ Offline and on the CPU (needs ``pip install 'fakequant[serve]'``; ``make build``
      tensors whose Linear inputs are rounded to Q8_0 by ``gguf.quants`` (what llama.cpp's CPU
      matmul does to the inputs of Q8_0/Q4_0 weights);
 
-5. prints the table, also written to DIR/results.md.
+5. every compressed-tensors preset (``INT8``, ``W8A8``, ``W4A8``, ``W4A16``, ``FP8``,
+   ``FP8_PER_CHANNEL``, ``NVFP4``, ``MXFP8``, ``MXFP4``) QAT'd for each serving target
+   (``quantize_model(target="onnx" | "vllm")``, docs/serving.md "Targets"), exported and loaded
+   compressed by transformers + compressed-tensors: its logits against fakequant's eval-mode
+   model (the largest difference, of the largest logit, argmax agreement), the FP4 and MX
+   presets in bfloat16 (with the rotary frequencies in float32, as the load has them);
+6. prints the tables, also written to DIR/results.md.
 
 Every quantized weight must equal fakequant's fake-quantized weight bit for bit (same bits, the
 sign of zero included: the criterion of the tests' ``bits_equal``); the script exits with an
@@ -53,7 +59,7 @@ import fakequant  # noqa: E402
 from fakequant import nn as quant_nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_compressed_tensors import largest_diff, size  # noqa: E402
+from serve_compressed_tensors import largest_diff, size, to_dtype  # noqa: E402
 
 # (preset, export format, GGUF float_type of the other 2-D tensors)
 RUNS = [("INT8", "compressed-tensors", None), ("W8A8", "compressed-tensors", None),
@@ -65,6 +71,27 @@ WHY = {
     "f16": "the file's F16 embeddings and lm_head (fakequant's model keeps them float32)",
 }
 VOCAB, SEQ, BATCH = 256, 32, 16
+# the targets' table: every compressed-tensors preset QAT'd for each target (quantize_model(target=...)),
+# the FP4 and MX ones then run in bfloat16 (compressed-tensors' compressed load decompresses them to it)
+TARGET_PRESETS = ["INT8", "W8A8", "W4A8", "W4A16", "FP8", "FP8_PER_CHANNEL", "NVFP4", "MXFP8", "MXFP4"]
+TARGETS = ("onnx", "vllm")
+IN_BFLOAT16 = ("NVFP4", "MXFP8", "MXFP4")
+# why the compressed load's logits differ from fakequant's for a (preset, target) (docs/serving.md, "Targets")
+WHY_TARGET = {
+    ("W8A8", "onnx"): "per-token int8 inputs: compressed-tensors' scale is amax / 127.5, fakequant's amax / 127",
+    ("W4A8", "onnx"): "per-token int8 inputs: compressed-tensors' scale is amax / 127.5, fakequant's amax / 127",
+    ("W8A8", "vllm"): "per-token int8 inputs: compressed-tensors' scale is amax / 127.5, vLLM's amax / 127",
+    ("W4A8", "vllm"): "per-token int8 inputs: compressed-tensors' scale is amax / 127.5, vLLM's amax / 127",
+    ("FP8", "vllm"): "per-tensor FP8 inputs: vLLM multiplies by the rounded reciprocal of the scale, "
+                     "compressed-tensors divides by it (ties fall apart)",
+    ("NVFP4", "onnx"): "activation block scales: compressed-tensors divides E4M3 codes by a global scale, "
+                       "fakequant multiplies",
+    ("NVFP4", "vllm"): "activation block scales: compressed-tensors computes amax / 6 in bfloat16, vLLM in float32",
+    ("MXFP8", "onnx"): "activation block scales: compressed-tensors rounds the block max to the nearest power of "
+                       "two, fakequant floors it (OCP)",
+    ("MXFP4", "onnx"): "activation block scales: compressed-tensors rounds the block max to the nearest power of "
+                       "two, fakequant floors it (OCP)",
+}
 
 
 def same_bits(a, b):
@@ -126,8 +153,8 @@ def train(model, task, steps, lr, seed):
     return model
 
 
-def quantize_and_qat(float_model, preset, task, steps):
-    model = fakequant.quantize_model(copy.deepcopy(float_model), preset=preset)
+def quantize_and_qat(float_model, preset, task, steps, target="onnx"):
+    model = fakequant.quantize_model(copy.deepcopy(float_model), preset=preset, target=target)
     generator = torch.Generator().manual_seed(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (a weight-only preset's disabled input quantizers collect nothing)
@@ -211,6 +238,41 @@ def reload_gguf(model, path):
     return reloaded, reloaded, "gguf.GGUFReader + gguf.quants"
 
 
+def targets_table(trained, model, task, qat_steps, out, start):
+    """For every compressed-tensors preset and target: QAT (reusing ``trained``'s float32 models
+    by (preset, target)), the compressed-tensors export, and the compressed load's logits
+    against fakequant's eval-mode model (the FP4 and MX presets in bfloat16). Returns (the
+    table's rows, the runs whose weights were not bit for bit)."""
+    rows = ["| preset | target | model dtype | weights, dequantized load | max abs logits diff | "
+            "of the largest logit | argmax agreement | why |", "|---|---|---|---|---|---|---|---|"]
+    failed = []
+    for preset in TARGET_PRESETS:
+        for target in TARGETS:
+            if (preset, target) not in trained:
+                trained[(preset, target)] = quantize_and_qat(model, preset, task, qat_steps, target)
+            dtype = torch.bfloat16 if preset in IN_BFLOAT16 else torch.float32
+            qat = to_dtype(copy.deepcopy(trained[(preset, target)][0]), dtype).eval()  # (RoPE as loaded)
+            directory = os.path.join(out, "targets", f"{preset}-{target}")
+            fakequant.export_checkpoint(qat, directory)
+            dense, reloaded, _ = reload_compressed_tensors(directory)
+            equal, total = weights_equal(qat, dense)
+            with torch.no_grad():
+                ours = qat(input_ids=task.eval_ids).logits
+                theirs = reloaded(input_ids=task.eval_ids).logits
+            diff = (theirs.float() - ours.float()).abs().max().item()
+            share = diff / ours.float().abs().max().item()
+            agree = (theirs.argmax(-1) == ours.argmax(-1)).float().mean().item()
+            exact = same_bits(theirs, ours)
+            why = "" if exact else WHY_TARGET.get((preset, target), "?")
+            rows.append(f"| {preset} | {target} | {str(dtype).replace('torch.', '')} | {equal}/{total} bit for bit | "
+                        f"{'0 (bit for bit)' if exact else f'{diff:.3g}'} | {share:.2%} | {agree:.2%} | {why} |")
+            print(f"[{time.perf_counter() - start:.0f} s] {preset}, target {target}: logits {share:.2%} of the largest",
+                  flush=True)
+            if equal != total:
+                failed.append(f"{preset} target={target}")
+    return rows, failed
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="the folder for the checkpoints and results.md "
@@ -249,12 +311,12 @@ def main():
     trained = {}
     failed = []
     for preset, fmt, float_type in RUNS:
-        if preset not in trained:
-            trained[preset] = quantize_and_qat(model, preset, task, qat_steps)
-            _, (pl, pa), (ql, qa) = trained[preset]
+        if (preset, "onnx") not in trained:
+            trained[(preset, "onnx")] = quantize_and_qat(model, preset, task, qat_steps)
+            _, (pl, pa), (ql, qa) = trained[(preset, "onnx")]
             qat_rows.append(f"| {preset} | {pl:.4f} / {pa:.2%} | {ql:.4f} / {qa:.2%} |")
             print(f"[{time.perf_counter() - start:.0f} s] {preset}: PTQ loss {pl:.4f}, QAT loss {ql:.4f}", flush=True)
-        qat = trained[preset][0].eval()
+        qat = trained[(preset, "onnx")][0].eval()
         if fmt == "gguf":
             directory = os.path.join(out, f"{preset}-{float_type}")
             path = fakequant.export_checkpoint(qat, directory, format="gguf", float_type=float_type)
@@ -285,9 +347,14 @@ def main():
         if equal != total or worst != 0:
             failed.append(f"{label} {preset}")
 
+    target_rows, target_failed = targets_table(trained, model, task, qat_steps, out, start)
+    failed += target_failed
     elapsed = time.perf_counter() - start
     text = "\n".join(lines + [f"QAT ({qat_steps} steps per preset, from the float model; held-out loss / "
                               "next-token accuracy):", ""] + qat_rows + ["", "Exported and reloaded:", ""] + rows
+                     + ["", "Each compressed-tensors preset QAT'd for each target (quantize_model(target=...)); "
+                            "the compressed load's logits (transformers + compressed-tensors) against fakequant's "
+                            "eval-mode model, over the held-out batch:", ""] + target_rows
                      + ["", f"{elapsed:.0f} s in all (torch {torch.__version__}, transformers "
                             f"{transformers.__version__}, {torch.get_num_threads()} threads)."])
     with open(os.path.join(out, "results.md"), "w") as f:

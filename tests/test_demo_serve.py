@@ -31,3 +31,16 @@ def test_demo_serve_quick(tmp_path):
     assert exact == {("compressed-tensors int-quantized", "INT8"), ("compressed-tensors pack-quantized", "W4A16"),
                      ("GGUF (F32 others)", "GGUF_Q8_0"), ("GGUF (F32 others)", "GGUF_Q4_0")}
     assert (tmp_path / "INT8" / "config.json").exists() and (tmp_path / "GGUF_Q4_0-f16" / "model.gguf").exists()
+
+    # every compressed-tensors preset for each target: weights bit for bit; the logits bit for bit
+    # where compressed-tensors computes the target's rules, else a stated reason
+    targets = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()
+               if line.startswith("| ") and line.split("|")[2].strip() in ("onnx", "vllm")]
+    assert len(targets) == 18
+    assert all(c[3] == "14/14 bit for bit" for c in targets), targets
+    exact = {(c[0], c[1]) for c in targets if c[4] == "0 (bit for bit)"}
+    same_rules = {(p, t) for p in ("INT8", "W4A16", "FP8_PER_CHANNEL") for t in ("onnx", "vllm")} | {
+        ("FP8", "onnx"), ("MXFP8", "vllm"), ("MXFP4", "vllm")}
+    # FP8 with target vllm: vLLM's reciprocal against compressed-tensors' division, bit for bit unless a tie
+    assert same_rules <= exact <= same_rules | {("FP8", "vllm")}
+    assert all(c[7] and c[7] != "?" for c in targets if (c[0], c[1]) not in exact), targets

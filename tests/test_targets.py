@@ -5,6 +5,7 @@ suite check its bits); "vllm" follows vLLM's kernels where they differ, checked 
 an independent float32/float64 reference of each kernel's arithmetic and, where
 compressed-tensors computes the same rule, against compressed-tensors itself."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import fakequant
 from fakequant.composite import rules
 from fakequant.nn import TensorQuantizer
 from fakequant._core import BlockScales
+from conftest import bits_equal
 
 transformers = pytest.importorskip("transformers")
 
@@ -222,32 +224,94 @@ def test_vllm_activations_equal_compressed_tensors(preset, dtype):
     assert torch.equal(ours, theirs.to(dtype))
 
 
-def test_nvfp4_float32_exports_with_the_vllm_target(tmp_path):
-    pytest.importorskip("compressed_tensors")
-    model = fakequant.quantize_model(_llama(torch.float32), preset="NVFP4", target="vllm")
+def _calibrated(model):
     data = [torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     fakequant.calibrate(model, data, progress=False, forward_fn=lambda m, ids: m(input_ids=ids))
-    config = fakequant.export_checkpoint(model, tmp_path)  # (target "onnx": refused, tests/test_serve_compressed_tensors.py)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nvfp4_exports_with_the_vllm_target(tmp_path, dtype):
+    """Every layer exports (target "onnx": a float32 model, and this bfloat16 model's k_proj, are
+    refused, the search finding no G); what is written is G = 2688 / amax and codes whose
+    dequantization by compressed-tensors' own rule, in float32, is the fake-quantized weight bit
+    for bit, and for bfloat16 the dequantized load of transformers as well."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+    model = _calibrated(fakequant.quantize_model(_llama(dtype), preset="NVFP4", target="vllm"))
+    config = fakequant.export_checkpoint(model, tmp_path)
     assert config["format"] == "nvfp4-pack-quantized"
+    written = load_file(tmp_path / "model.safetensors")
+    args = QuantizationArgs(num_bits=4, type="float", strategy="tensor_group", group_size=16, symmetric=True,
+                            scale_dtype=torch.float8_e4m3fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dense = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=CompressedTensorsConfig(
+            dequantize=True))
+    checked = 0
+    for name, module in model.named_modules():
+        if isinstance(module, fakequant.nn.QuantLinear):
+            weight = module.weight.detach()
+            big = written[f"{name}.weight_global_scale"]
+            assert torch.equal(big, torch.tensor([6 * 448.0]) / weight.float().abs().amax()), name
+            codes = unpack_fp4_from_uint8(written[f"{name}.weight_packed"], *weight.shape, dtype=torch.float32)
+            theirs = dequantize(codes, written[f"{name}.weight_scale"].float(), args=args, dtype=torch.float32,
+                                global_scale=big)
+            with torch.no_grad():
+                fake = module.weight_quantizer(weight)
+            assert bits_equal(theirs.to(dtype), fake), name
+            if dtype == torch.bfloat16:  # (compressed-tensors decompresses FP4 weights to bfloat16)
+                assert bits_equal(dense.get_submodule(name).weight, fake), name
+            checked += 1
+    assert checked == 7
 
 
-@pytest.mark.xfail(strict=True, reason="exporter hook missing: fakequant/serve/ derives NVFP4's global scale by "
-                                       "searching float32 values near 1 / g (the library's rule) and fails for "
-                                       "this bfloat16 model's k_proj; the vllm target's G = 2688 / amax is written "
-                                       "directly once the lead wires the exporter after branch 'serve' merges")
-def test_nvfp4_bfloat16_exports_with_the_vllm_target(tmp_path):
+def test_exporters_read_the_target(tmp_path):
+    """A format refuses a quantizer trained for a target it does not serve, naming both, before
+    writing anything: GGUF serves "onnx" only; compressed-tensors serves both."""
+    model = _calibrated(fakequant.quantize_model(_llama(), preset="W8A8", target="vllm"))
+    with pytest.raises(ValueError, match=r"^model\.layers\.0\.self_attn\.q_proj\._input_quantizer: trained for "
+                                         r"target='vllm'.*gguf cannot describe it"):
+        fakequant.export_checkpoint(model, tmp_path / "gguf", format="gguf")
+    assert not (tmp_path / "gguf").exists()
+    assert fakequant.export_checkpoint(model, tmp_path / "ct")["format"] == "int-quantized"
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_onnx_export_refuses_the_vllm_target(tmp_path, dynamo):
+    """fakequant.onnx.export refuses every vllm-target model, INT8's too (whose rules are the same as
+    the default target's), before tracing: the target is the model's, not each operator's."""
+    for preset in ("W8A8", "INT8"):
+        model = torch.nn.Sequential(torch.nn.Linear(32, 16))
+        model = fakequant.quantize_model(model, preset=preset, target="vllm").eval()
+        fakequant.calibrate(model, [torch.randn(4, 32)], progress=False)
+        refused = r"^0\._input_quantizer: trained for target='vllm'.*ONNX cannot describe it"
+        with pytest.raises(ValueError, match=refused):
+            fakequant.onnx.export(model, (torch.randn(4, 32),), tmp_path / "m.onnx", dynamo=dynamo)
+        assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("preset", ["MXFP8", "MXFP4"])
+def test_vllm_mx_logits_are_the_compressed_loads_bit_for_bit(tmp_path, preset):
+    """Where compressed-tensors' rule is the vllm target's (MX activations; bfloat16, in which its
+    compressed load runs MX weights), its compressed load computes fakequant's logits bit for bit,
+    given the model built as a load builds it (from_config(dtype=...): the rotary frequencies in
+    float32; model.to(torch.bfloat16) would round them, and the attention with them)."""
     pytest.importorskip("compressed_tensors")
-    model = fakequant.quantize_model(_llama(torch.bfloat16), preset="NVFP4", target="vllm")
-    data = [torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    fakequant.calibrate(model, data, progress=False, forward_fn=lambda m, ids: m(input_ids=ids))
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_llama().config, dtype=torch.bfloat16).eval()
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    model = _calibrated(fakequant.quantize_model(model, preset=preset, target="vllm"))
     fakequant.export_checkpoint(model, tmp_path)
-
-
-@pytest.mark.xfail(strict=True, reason="exporter hook missing: fakequant/serve/ does not read TensorQuantizer.target "
-                                       "yet (wired by the lead after branch 'serve' is merged)")
-def test_compressed_tensors_export_refuses_a_model_trained_for_onnx_rules(tmp_path):
-    model = fakequant.quantize_model(_llama(torch.bfloat16), preset="MXFP4")  # target="onnx"
-    data = [torch.randint(0, 128, (2, 8))]
-    fakequant.calibrate(model, data, progress=False, forward_fn=lambda m, ids: m(input_ids=ids))
-    with pytest.raises(ValueError, match="target"):
-        fakequant.export_checkpoint(model, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(input_ids=ids).logits, loaded(input_ids=ids).logits
+    assert bits_equal(theirs, ours)

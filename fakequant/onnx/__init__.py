@@ -29,6 +29,7 @@ from . import _lowering, _options, symbolic_dynamo, symbolic_torchscript, transl
 from .._core import TranslationError, enable_onnx_export, supplying_translations
 from ._lowering import ExportWarning
 from ._options import ExportOptions, export_options
+from ..serve._base import refuse_other_targets
 from .translation_dynamo import custom_translation_table
 
 __all__ = ["export", "export_options", "ExportOptions", "ExportWarning", "TranslationError",
@@ -87,6 +88,8 @@ def export(
     with 32-bit sums, for signed activations) or ``graph_optimization_level = ORT_ENABLE_BASIC``
     (docs/export.md, "ONNX Runtime on x86 CPUs without VNNI").
     """
+    if isinstance(model, torch.nn.Module):  # (vLLM's rules, target="vllm", are not ONNX's)
+        refuse_other_targets(model, ("onnx",), "ONNX")
     if opset_version is not None and opset_version < symbolic_torchscript.MIN_OPSET:
         raise ValueError(f"fakequant ONNX export needs opset_version >= {symbolic_torchscript.MIN_OPSET}, "
                          f"got {opset_version}")

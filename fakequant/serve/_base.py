@@ -1,4 +1,5 @@
-"""What every serving format shares: the refusal, the import guard, the bit-for-bit check of
+"""What every serving format shares: the refusal (of a quantizer it cannot describe, or trained
+for a target it does not serve), the import guard, the bit-for-bit check of
 what is written against the fake-quantized weight, and the registry of formats.
 
 A format is one class (a :class:`ServingFormat`, registered by name with :func:`register`) in
@@ -15,8 +16,10 @@ from typing import Any, ClassVar, Dict, NamedTuple, Optional, Tuple, Type, TypeV
 
 import torch
 
+from ..nn.tensor_quantizer import TensorQuantizer
+
 __all__ = ["ExportRefused", "LayerPlan", "ServingFormat", "bits_equal", "exact_weight", "format_named",
-           "formats", "register", "refusal"]
+           "formats", "refuse_other_targets", "register", "refusal"]
 
 
 class ExportRefused(ValueError):
@@ -28,6 +31,17 @@ def refusal(where: str, why: str, by: Optional[str] = None) -> ExportRefused:
     the format that cannot describe it, named in the message."""
     return ExportRefused(f"{where}: {why}" + ("" if by is None else f"; {by} cannot describe it")
                          + " (nothing was written)")
+
+
+def refuse_other_targets(model: torch.nn.Module, targets: Tuple[str, ...], by: str) -> None:
+    """Refuses ``model`` (the refusal naming the first such quantizer, its target and ``by``, the
+    format or exporter) when an enabled quantizer of it was trained for a target not in
+    ``targets``: the rules it trained on are not those ``by`` writes."""
+    for name, module in model.named_modules():
+        if isinstance(module, TensorQuantizer) and module.is_enabled and module.target not in targets:
+            raise refusal(name, f"trained for target={module.target!r}, and the export writes the rules of "
+                                f"target {' or '.join(map(repr, targets))}: quantize the model for the target that "
+                                "serves it (fakequant.quantize_model(..., target=...))", by)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -59,6 +73,9 @@ class ServingFormat:
     #: None where the format writes expert weights with one quantizer per expert (a
     #: ``QuantizerList``, NVFP4's per-expert global scale); else why it cannot
     per_expert_weight_quantizers: ClassVar[Optional[str]] = None
+    #: the serving targets (``quantize_model(target=...)``, ``TensorQuantizer.target``) whose
+    #: rules the format describes; a quantizer trained for another is refused (:func:`refuse_other_targets`)
+    targets: ClassVar[Tuple[str, ...]] = ("onnx",)
 
     def refuse(self, where: str, why: str) -> ExportRefused:
         """The refusal of ``where``, naming this format."""

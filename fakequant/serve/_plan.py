@@ -2,7 +2,8 @@
 quantized Linear (its weight and input quantizers) and each MoE expert projection
 (``_experts.py``) planned by the format (``ServingFormat.weight`` and ``input``, the weight
 checked bit for bit by ``_base.exact_weight``), the float Linear layers listed, and every
-quantizer the walk cannot place refused before anything is written."""
+quantizer the walk cannot place, or trained for a target the format does not serve
+(``ServingFormat.targets``), refused before anything is written."""
 from __future__ import annotations
 
 from typing import Dict, List, NamedTuple
@@ -12,7 +13,7 @@ import torch
 from ..models import experts as _fused
 from .. import nn as quant_nn
 from ..nn.tensor_quantizer import TensorQuantizer
-from ._base import LayerPlan, ServingFormat, exact_weight
+from ._base import LayerPlan, ServingFormat, exact_weight, refuse_other_targets
 from ._experts import ExpertsPlan, plan_experts
 
 __all__ = ["ModelPlan", "plan_model"]
@@ -46,6 +47,7 @@ def plan_model(model: torch.nn.Module, fmt: ServingFormat) -> ModelPlan:
     ValueError naming the first quantizer the format cannot describe."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    refuse_other_targets(model, fmt.targets, fmt.name)
     quantized: Dict[str, quant_nn.QuantLinear] = {}
     ignore: List[str] = []
     for name, module in model.named_modules():

@@ -3,10 +3,10 @@ formats that store codes and scales: its amax (static, learned or the weight's) 
 per output channel or per group of input features, and the codes of its output divided by
 the scales (the rule's codes, ``fakequant.composite.rules.element_codes``), the scales asked of the
 rule from amax to scales (``fakequant.composite.rules.block_scales``): one level (:func:`one_level`)
-or NVFP4's two (:func:`nvfp4`)."""
+or NVFP4's two (:func:`nvfp4`, by the rule of the quantizer's ``target``)."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -14,7 +14,7 @@ from ..composite import rules
 from .._core import BlockScales
 from ._base import ServingFormat
 
-__all__ = ["check_common", "codes_of", "expand", "group_amax", "last_axis_block", "nvfp4", "one_level",
+__all__ = ["check_common", "codes_of", "expand", "group_amax", "last_axis_block", "nvfp4", "NVFP4Scales", "one_level",
            "per_row_or_tensor_amax", "static_amax", "tensor_amax_of_blocks"]
 
 
@@ -122,17 +122,36 @@ def one_level(fmt: ServingFormat, where: str, q: Any, w: torch.Tensor, y: torch.
     return scale, codes_of(q, y, scale), strategy
 
 
-def nvfp4(fmt: ServingFormat, where: str, q: Any, w: torch.Tensor, y: torch.Tensor, size: int
-          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(E2M1 codes, E4M3 block scales (float8_e4m3fn; 0 in a degenerate block), the float32
-    per-tensor scale g) of NVFP4 weights, whose scale is s = e4m3(fp32(amax / 6) / g) * g with
-    g = fp32(scale_amax) / (6 * 448): the calibrated per-tensor amax, else the weight's."""
+class NVFP4Scales(NamedTuple):
+    """NVFP4 weights read as a checkpoint stores them (:func:`nvfp4`)."""
+
+    #: the E2M1 codes (float32 values)
+    codes: torch.Tensor
+    #: the E4M3 block scales (float8_e4m3fn; 0 in a degenerate block)
+    block_codes: torch.Tensor
+    #: the float32 per-tensor scale: g, which multiplies the block codes (the library's rule,
+    #: ``target="onnx"``), or G, which divides them (vLLM's, ``target="vllm"``): ``divides`` says which
+    global_scale: torch.Tensor
+    divides: bool
+
+
+def nvfp4(fmt: ServingFormat, where: str, q: Any, w: torch.Tensor, y: torch.Tensor, size: int) -> NVFP4Scales:
+    """The codes and scales of NVFP4 weights from the rule the quantizer trained with (its
+    ``target``), relative to ``scale_amax``: the calibrated per-tensor amax, else the weight's.
+    ``target="onnx"`` (``rules.block_scales``): s = e4m3(fp32(amax / 6) / g) * g with g =
+    fp32(scale_amax) / (6 * 448); ``target="vllm"`` (``rules.vllm_block_scales``):
+    s = fp32(e4m3(G * fp32(amax / 6)) / G) with G = fp32(6 * 448 / scale_amax)."""
     amax = group_amax(fmt, where, q, w, size)
     scale_amax = tensor_amax_of_blocks(q)
     scale_amax = w.abs().amax() if scale_amax is None else scale_amax
     num_bits, exponent_bits = rules.block_element(q.num_bits)
-    scale, degenerate, block_codes, g = rules.block_scales(amax, num_bits, False, exponent_bits,
-                                                               BlockScales.E4M3, scale_amax)
-    assert g is not None  # (two levels)
+    divides = q.target == "vllm"
+    if divides:
+        values = rules.vllm_block_scales(amax, num_bits, exponent_bits, BlockScales.E4M3, scale_amax)
+    else:
+        values = rules.block_scales(amax, num_bits, False, exponent_bits, BlockScales.E4M3, scale_amax)
+    scale, degenerate, block_codes, global_scale = values
+    assert global_scale is not None  # (two levels)
     codes = codes_of(q, y, torch.where(degenerate, torch.zeros_like(scale), scale))
-    return codes, torch.where(degenerate, torch.zeros_like(block_codes), block_codes).to(torch.float8_e4m3fn), g
+    block_codes = torch.where(degenerate, torch.zeros_like(block_codes), block_codes).to(torch.float8_e4m3fn)
+    return NVFP4Scales(codes, block_codes, global_scale.reshape(()), divides)

@@ -82,6 +82,9 @@ class CompressedTensors(ServingFormat):
     name = "compressed-tensors"
     package = "compressed_tensors"
     distribution = "compressed-tensors"
+    #: "onnx": the library's rules, written as trained (the weights bit for bit; where vLLM's
+    #: activation rules differ, docs/serving.md has the difference); "vllm": vLLM's own
+    targets = ("onnx", "vllm")
     per_expert_weight_quantizers = ("expert weights with a global scale per expert (NVFP4): transformers' "
                                     "compressed-tensors loader decompresses packed experts without their "
                                     "weight_global_scale")
@@ -138,19 +141,24 @@ class CompressedTensors(ServingFormat):
             args = {"strategy": "group", "group_size": size, "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}
             effective = scale
         else:
-            # NVFP4: s = e4m3(fp32(amax / 6) / g) * g, g = fp32(scale_amax) / (6 * 448)
+            # NVFP4: the quantizer's target's rule (_scales.nvfp4); the format divides the E4M3 codes by G
             if fmt != _E2M1 or size != _NVFP4_BLOCK:
                 raise self.refuse(where, f"num_bits={fmt} in blocks of {size} with E4M3 block scales: the format's "
                                          f"NVFP4 is E2M1 in groups of {_NVFP4_BLOCK}")
-            codes, tensors["weight_scale"], g = nvfp4(self, where, q, w, y, size)
-            with torch.no_grad():
-                target = q(weight.detach().cpu())  # (what exact_weight compares with)
-            global_scale = _search_global_scale(g, tensors["weight_scale"], codes, target)
-            if global_scale is None:
-                raise self.refuse(where, f"no float32 global scale G makes the format's block scales (E4M3 code / G) "
-                                         f"reproduce fakequant's (E4M3 code * {g.item()!r}) in {target.dtype} weights "
-                                         "(compressed-tensors decompresses FP4 weights to bfloat16: export a bfloat16 "
-                                         "model, model.to(torch.bfloat16))")
+            codes, tensors["weight_scale"], g, divides = nvfp4(self, where, q, w, y, size)
+            if divides:  # target="vllm": the format's own rule, G = 2688 / amax
+                global_scale = g.reshape(1)
+            else:  # target="onnx": fakequant multiplies by g; search a G for it
+                with torch.no_grad():
+                    target = q(weight.detach().cpu())  # (what exact_weight compares with)
+                found = _search_global_scale(g, tensors["weight_scale"], codes, target)
+                if found is None:
+                    raise self.refuse(where, f"no float32 global scale G makes the format's block scales (E4M3 code "
+                                             f"/ G) reproduce fakequant's (E4M3 code * {g.item()!r}) in "
+                                             f"{target.dtype} weights (compressed-tensors decompresses FP4 weights to "
+                                             "bfloat16: export a bfloat16 model, model.to(torch.bfloat16); or train "
+                                             "with quantize_model(target='vllm'), whose block scales are the format's)")
+                global_scale = found
             tensors["weight_global_scale"] = global_scale
             args = {"strategy": "tensor_group", "group_size": size, "scale_dtype": "torch.float8_e4m3fn",
                     "zp_dtype": "torch.float8_e4m3fn"}
@@ -205,8 +213,7 @@ class CompressedTensors(ServingFormat):
             if tensor_amax is None:
                 raise self.refuse(where, "NVFP4 activations without a calibrated per-tensor amax: the format's global "
                                          "activation scale is static (calibrate first: fakequant.calibrate)")
-            amax = tensor_amax.reshape(1)
-            global_scale = torch.full_like(amax, _core.float_format_max(_E4M3) * _core.float_format_max(_E2M1)) / amax
+            global_scale = rules.vllm_nvfp4_global_scale(tensor_amax.reshape(1))  # compressed-tensors' G
             return ({**base, "strategy": "tensor_group", "dynamic": "local", "group_size": _NVFP4_BLOCK,
                      "scale_dtype": "torch.float8_e4m3fn", "zp_dtype": "torch.float8_e4m3fn"},
                     {"input_global_scale": global_scale})
