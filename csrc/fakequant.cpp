@@ -75,6 +75,13 @@ FAKEQUANT_LIBRARY(m) {
       "bool centered=False) -> "
       "(Tensor output, Tensor mask)");
 
+  // llama.cpp's Q8_0 (num_bits=8) and Q4_0 (num_bits=4) blocks: block_size consecutive
+  // elements along the last dimension (the last block of each row may be shorter), quantized
+  // and dequantized by ggml's reference rule (csrc/include/fakequant/ggml.h), not the
+  // contract of the ops above. The mask (packed) marks elements whose output is finite and,
+  // for Q4_0, whose code did not saturate.
+  m.def("fake_quantize_ggml(Tensor input, int block_size=32, int num_bits=8) -> (Tensor output, Tensor mask)");
+
   // Learned step size (LSQ, and LSQ+ with a learned zero point): the forward is
   // fake_quantize_affine's output; the backward (fake_quantize_lsq_backward, with
   // grad_factor) needs the input, not a mask.

@@ -507,6 +507,27 @@ def _ste_min_max(device):
     return (lambda t: fakequant.fake_quantize_min_max(t, -0.5, 1.5, num_bits=16)), (_range_input(device),)
 
 
+def rules_ggml(x, block_size, num_bits):
+    bad = _device_and_dtype(x, {})
+    if block_size < 1:
+        bad.add("block_size")
+    if num_bits not in (4, 8):
+        bad.add("num_bits")
+    return bad
+
+
+def _ggml_base():
+    return dict(input=_X, block_size=32, num_bits=8)
+
+
+INVALID_GGML = [
+    Invalid(dict(block_size=0), ValueError, "block_size"),
+    Invalid(dict(num_bits=6), ValueError, "num_bits"),
+    Invalid(dict(num_bits=2), ValueError, "num_bits"),
+    Invalid(dict(input=torch.ones(3, dtype=torch.int64)), TypeError, "input"),
+]
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 TABLE: List[OpEntry] = [
@@ -642,6 +663,26 @@ TABLE: List[OpEntry] = [
         ],
         onnx={"blocks_asym_e2m1": OnnxCase(lambda: _Call(lambda x: fakequant.fake_quantize_blockwise(
             x, 16, 4, exponent_bits=2, centered=True)), "fp8_block", 21, ("dynamo",), "arithmetic")},
+    ),
+    OpEntry(
+        name="fake_quantize_ggml",
+        wrapper=fakequant.ops.fake_quantize_ggml,
+        variants=[
+            # (the sample's last dimension is 5: blocks of 4 and a short one, one short block of 32)
+            Variant("ggml_q8_0", lambda x: (x, 4, 8), per_tensor=True, clips=False),
+            Variant("ggml_q4_0", lambda x: (x, 4, 4), per_tensor=True),
+            Variant("ggml_q8_0_b32", lambda x: (x, 32, 8), per_tensor=True, clips=False),
+            Variant("ggml_q4_0_b3", lambda x: (x, 3, 4), per_tensor=True),
+        ],
+        reference=lambda a: ref.fake_quantize_ggml(*a),
+        keeps_layout=False,
+        compiled=[
+            ("ggml Q8_0", lambda x: fakequant.ops.fake_quantize_ggml(x, 32, 8)),
+            ("ggml Q4_0 blocks of 4", lambda x: fakequant.ops.fake_quantize_ggml(x, 4, 4)),
+        ],
+        invalid_base=_ggml_base,
+        invalid=INVALID_GGML,
+        rules=rules_ggml,
     ),
     OpEntry(
         name="fake_quantize_lsq",

@@ -211,3 +211,6 @@ def test_runtime_calls_are_counted_by_kind(bench_ops):
     assert bench_ops._fmt_calls({"launches": 3, "copies": 1, "memsets": 0, "syncs": 0, "mallocs": 0},
                                 None) == "3; 1 copies"
     assert bench_ops.cuda_calls(lambda: None, torch.device("cpu")) is None  # not measured off CUDA
+    # the profiler's own synchronisation as it stops is not the call's
+    profiler_only = bench_ops.count_runtime_calls(["cudaDeviceSynchronize"])
+    assert bench_ops.subtract_calls(bench_ops.count_runtime_calls(names), profiler_only)["syncs"] == 0

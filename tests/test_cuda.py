@@ -115,6 +115,29 @@ def test_affine_equals_cpu(dtype, pack_mask):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_per_channel_last_axis_equals_cpu(dtype):
+    """The channels innermost in whole 16-byte vectors (quantize_innermost_kernel: each thread
+    keeps its channels' constants): channel counts with an odd number of vectors, a power of two,
+    more vectors than a warp; rows enough for many trips a thread; channels_last activations."""
+    for rows, c in [(3000, 12), (2048, 16), (777, 24), (300, 520), (5000, 64)]:
+        x = random_values((rows, c), dtype, seed=c)
+        scale = torch.rand(c) * 0.05 + 0.001
+        scale[1] = 2.0**-70  # outside the fast division's range: the general path, for that thread
+        zp = torch.randint(-20, 21, (c,), dtype=torch.int32)
+        for pack_mask in (True, False):
+            yc, mc = ops.fake_quantize_affine(x, scale, zp, 1, -128, 127, pack_mask)
+            yg, mg = ops.fake_quantize_affine(x.cuda(), scale.cuda(), zp.cuda(), 1, -128, 127, pack_mask)
+            assert_bits_equal(yg, yc, f"last axis {rows}x{c}")
+            assert_bits_equal(mg, mc, f"last axis {rows}x{c} mask")
+        amax = (scale * 127).reshape(1, c)
+        check_same(lambda t, a: ops.fake_quantize_amax(t, a, 8, False, True), x, amax, what=f"amax {rows}x{c}")
+    x = random_values((8, 32, 17, 9), dtype, seed=5).contiguous(memory_format=torch.channels_last)
+    scale = torch.rand(32) * 0.05 + 0.001
+    check_same(lambda t, s: ops.fake_quantize_affine(t, s, torch.zeros(32, dtype=torch.int32), 1, -128, 127),
+               x, scale, what="channels_last")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_affine_parameter_dtypes_equal_cpu(dtype):
     x = random_values((5, 300), dtype)
     for axis in (None, 0):
@@ -259,6 +282,44 @@ def test_table_value_checks_raise_with_checks_on():
     )
     expected = sum(c.value for _, c in op_table.invalid_cases())
     assert expected > 0 and f"raised {expected}" in out
+
+
+# --- llama.cpp's Q8_0/Q4_0 blocks (csrc/cuda/ggml.cu) ---------------------------------------
+
+
+@pytest.mark.parametrize("num_bits", [8, 4], ids=["q8_0", "q4_0"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ggml_equals_cpu(dtype, num_bits):
+    # the corner-case blocks (tests/test_ggml.py) and random ones: whole blocks of 1 to 32
+    # vectors (the vector kernel: whole trips and a part of one), beyond, ragged rows, rows
+    # shorter than a block, and the same at odd offsets (the general kernel)
+    from test_ggml import hard_blocks
+
+    for block_size in (2, 4, 8, 16, 32, 64, 128, 256, 512, 7, 33, 1500):
+        hard = hard_blocks(block_size).to(dtype)
+        for rows in (hard.shape[0], 3000):
+            x = torch.cat([hard, random_values((rows, block_size), dtype, seed=block_size)])
+            check_same(lambda t: ops.fake_quantize_ggml(t, block_size, num_bits), x, what=f"blocks of {block_size}")
+        for shape in ((3001, 2 * block_size + 5), (7, max(1, block_size // 2))):
+            x = random_values(shape, dtype, seed=shape[1])
+            check_same(lambda t: ops.fake_quantize_ggml(t, block_size, num_bits), x, what=f"{shape} {block_size}")
+        for offset in (1, 3):
+            base = random_values((64 * block_size + offset,), dtype, seed=offset)
+            check_same(lambda t: ops.fake_quantize_ggml(t[offset:].view(64, block_size), block_size, num_bits), base,
+                       what=f"offset {offset} blocks of {block_size}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ggml_large_and_backward_equal_cpu(dtype):
+    # GGUF's blocks of 32 over several grid steps, forward and the gradient through the mask
+    x = random_values((4096 + 3, 4096), dtype, seed=11)
+    for num_bits in (8, 4):
+        def step(t):
+            t = t.detach().requires_grad_()
+            y = fakequant.ops.fake_quantize_ggml(t, 32, num_bits)
+            (g,) = torch.autograd.grad(y, t, torch.ones_like(y))
+            return y.detach(), g
+        check_same(step, x, what=f"num_bits {num_bits}")
 
 
 # --- inputs that are not 16-byte aligned -------------------------------------------------

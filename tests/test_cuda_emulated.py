@@ -215,6 +215,39 @@ def test_quantize_per_channel_fast_division(dtype):
             cpu_and_cuda("fake_quantize_min_max", x, -amax, amax * 0.75, 8)
 
 
+@pytest.mark.parametrize("sms", [1, 132])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_quantize_channels_innermost(dtype, sms, monkeypatch):
+    # The last axis per channel (quantize_innermost_kernel: each thread's vectors hold the same
+    # channels): channel counts whose vectors per row are odd (12 float32 channels: 3 vectors,
+    # the grid a multiple of 96 threads), a power of two, large (more vectors per row than a
+    # warp), not a multiple of a vector (the general path); rows that leave the last trip part
+    # empty; a grid of 16 blocks (many trips a thread) and a full one; channels whose scale is
+    # outside the fast range and specials among the elements; packed and bool masks; a view
+    # that is not aligned for vectors; 3-d input and channels_last.
+    monkeypatch.setenv("FAKEQUANT_SIMT_SMS", str(sms))
+    scales = torch.tensor([3.1e-3, 0.05, 2.0**-61, 7.0, 0.4, 2.0**61, 1e-30, 0.3])
+    for rows, c in [(100, 12), (37, 16), (9, 520), (211, 24), (5, 20), (3, 7)]:
+        x = shaped((rows, c), torch.float64)
+        flat = x.view(-1)
+        for i, v in enumerate([2.0**60, -(2.0**61), 3e38, 1e-45, 0.0, -0.0]):
+            flat[(97 * i + 5) % flat.numel()] = v
+        x = x.to(dtype)
+        scale = scales.repeat(c // len(scales) + 1)[:c]
+        zp = torch.arange(c, dtype=torch.int32) % 5 - 2
+        for pack in (True, False):
+            cpu_and_cuda("fake_quantize_affine", x, scale, zp, 1, -128, 127, pack)
+        cpu_and_cuda("fake_quantize_amax", x, (scale * 127).reshape(1, c), 8, False, True)
+        cpu_and_cuda("fake_quantize_min_max", x, -scale.reshape(1, c), scale.reshape(1, c) * 0.75, 8)
+        cpu_and_cuda("fake_quantize_affine", x.reshape(-1)[1:].reshape(-1)[: (rows - 1) * c].reshape(rows - 1, c),
+                     scale, zp, 1, -128, 127, True)  # not aligned
+        three = x.reshape(1, rows, c).expand(2, rows, c).contiguous()
+        cpu_and_cuda("fake_quantize_affine", three, scale, zp, 2, -128, 127, True)
+    nchw = shaped((2, 16, 5, 3), torch.float64).to(dtype).contiguous(memory_format=torch.channels_last)
+    scale = scales.repeat(2)
+    cpu_and_cuda("fake_quantize_affine", nchw, scale, torch.zeros(16, dtype=torch.int32), 1, -128, 127, True)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_quantize_broadcast_amax(layout, dtype):
@@ -269,7 +302,7 @@ def test_mask_backward_layouts():
         cpu_and_cuda("mask_backward", grad, boolean)
 
 
-# --- block-wise (blockwise.cu) --------------------------------------------------------------------
+# --- block-wise (blockwise.cuh) -------------------------------------------------------------------
 
 ELEMENTS = {  # (num_bits, unsigned, narrow_range, exponent_bits, two-level, e8m0_scale, centered)
     "int8": (8, False, True, 0, False, False, False),
@@ -373,6 +406,19 @@ def test_blockwise_vectors(block_size, dtype):
             blockwise(x, block_size, element)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_blockwise_long_rows_held_and_read_twice(dtype):
+    # Long blocks of whole mask words in aligned memory: held in registers up to 8 steps of the
+    # thread block's vectors (8192 float32 or 16384 16-bit elements), read twice beyond: the
+    # lengths on either side of a step and of the 8 steps.
+    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    step = 256 * vec
+    for block_size in (1024 + 32, 2 * step, 8 * step - 32, 8 * step, 8 * step + 32, 12 * step):
+        x = vector_blocks(5, block_size, dtype, 0)
+        for element in ("int8", "centered_int8", "nvfp4"):
+            blockwise(x, block_size, element)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_blockwise_vectors_grid_steps(dtype):
     # About 2.5 steps of the capped grid (128 warps) of trips, in NVFP4's blocks of 16 elements.
@@ -397,6 +443,64 @@ def test_blockwise_layouts(block_size):
                  x.reshape(-1)[: 2 * block_size + 9]):
         blockwise(view, block_size, "int8")
     blockwise(torch.tensor(1.5), 4, "int8")  # 0-d
+
+
+# --- llama.cpp's Q8_0/Q4_0 blocks (ggml.cu) ------------------------------------------------------------
+
+GGML_TYPES = {"q8_0": 8, "q4_0": 4}
+
+
+def ggml_trip(block_size, dtype):
+    """Elements one warp's trip of ggml_vector_kernel covers: 32 lanes of K 16-byte vectors,
+    K = min(vectors a block, 4)."""
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    return 32 * max(1, min(block_size // vec, 4)) * vec
+
+
+@pytest.mark.parametrize("kind", GGML_TYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [2, 4, 8, 16, 32, 64, 128, 256, 512])
+def test_ggml_vectors(block_size, dtype, kind):
+    # Whole blocks in aligned memory (ggml_vector_kernel where a block is 1 to 32 vectors): the
+    # corner-case blocks of tests/test_ggml.py, then random blocks to three whole trips and one
+    # block of a fourth; then the same at an odd offset (ggml_kernel).
+    from test_ggml import hard_blocks
+
+    hard = hard_blocks(block_size).to(dtype)
+    rows = max(3, 3 * ggml_trip(block_size, dtype) // block_size + 1)
+    for offset in (0, 1):
+        x = torch.cat([hard, data(rows * block_size, dtype).reshape(rows, block_size)])
+        if offset:
+            x = data(x.numel() + 1, dtype)[1:].copy_(x.reshape(-1)).reshape(x.shape)
+        cpu_and_cuda("fake_quantize_ggml", x, block_size, GGML_TYPES[kind])
+
+
+@pytest.mark.parametrize("kind", GGML_TYPES)
+@pytest.mark.parametrize("block_size", [1, 3, 7, 24, 32, 33, 100, 1500])
+def test_ggml_ragged_rows(block_size, kind):
+    # rows of two blocks and a short one, rows shorter than a block, one row of many
+    from test_ggml import hard_blocks
+
+    for shape in ((3, 2 * block_size + max(1, block_size // 3)), (5, max(1, block_size // 2 + 1)), (1, 4099)):
+        cpu_and_cuda("fake_quantize_ggml", shaped(shape, torch.float32), block_size, GGML_TYPES[kind])
+    hard = hard_blocks(32)[:, : max(1, min(block_size, 32))]
+    cpu_and_cuda("fake_quantize_ggml", hard.float(), block_size, GGML_TYPES[kind])
+
+
+@pytest.mark.parametrize("kind", GGML_TYPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_ggml_grid_steps(dtype, kind):
+    # About 2.5 steps of the capped grid (128 warps) of GGUF's blocks of 32, and of ragged rows
+    rows = 5 * 128 * ggml_trip(32, dtype) // (2 * 32) + 3
+    cpu_and_cuda("fake_quantize_ggml", data(rows * 32, dtype).reshape(rows, 32), 32, GGML_TYPES[kind])
+    cpu_and_cuda("fake_quantize_ggml", data(300 * 33, dtype).reshape(300, 33), 32, GGML_TYPES[kind])
+
+
+def test_ggml_layouts():
+    x = shaped((2, 3, 65), torch.float32)
+    for view in (x, x[1:], x.transpose(0, 1), x[:, :, 1:], x.reshape(-1)[:41], torch.tensor(-1.5)):
+        for bits in GGML_TYPES.values():
+            cpu_and_cuda("fake_quantize_ggml", view, 32, bits)
 
 
 # --- the LSQ backward (lsq_backward.cu) ------------------------------------------------------------

@@ -135,6 +135,20 @@ def test_the_benchmark_steps_end_by_their_own_budget_before_gpu_check_kills_them
     compiled = next(kw for name, kw in steps.items() if name.startswith("benchmarks/bench_compiled_qat.py"))
     for kw, budget in ((ops, gpu_check.BENCH_OPS_BUDGET), (compiled, gpu_check.COMPILED_BUDGET)):
         args = kw["args"]
-        assert args[args.index("--budget") + 1] == str(budget) and budget + 20 <= kw["cap"]
+        assert kw["budget"] == budget and budget + 20 <= kw["cap"] and "--budget" not in args
         assert args[args.index("--device") + 1] == "cuda" and "--sizes" not in args  # bench_ops' CUDA defaults
     assert compiled["args"][compiled["args"].index("--models") + 1] == "resnet,llama,moe"
+
+
+def test_a_benchmark_step_gets_the_budget_that_is_left(tmp_path):
+    """A benchmark's --budget is its own, or what is left of the run less the margin for what is
+    in flight when it runs out; the cap follows it."""
+    gpu_check = _gpu_check()
+    script = tmp_path / "echo_args.py"
+    script.write_text("import sys; print(' '.join(sys.argv[1:]))\n")
+    for left, expected in ((1000, 240), (200, 150)):
+        steps = gpu_check.Steps(sys.executable, str(tmp_path), left)
+        row = steps.run("bench", [str(script), "--x"], correctness=False, cap=290, log_name=f"b{left}.log",
+                        budget=240)
+        assert row["result"] == "ok", row
+        assert row["tail"][-1].split() == ["--x", "--budget", str(expected)], row

@@ -51,3 +51,32 @@ def test_every_kernel_it_reports_is_named_by_one_pattern_per_generation():
     labels = [k.label for k in sass_report.KERNELS]
     assert len(labels) == len(set(labels))
     assert all(k.patterns and all(elements >= 1 for _, elements in k.patterns) for k in sass_report.KERNELS)
+
+
+# A warp shuffle's divergent path: BRA.DIV jumps out of the loop to a copy of the shuffle, and an
+# unconditional BRA returns into the loop's middle; that return is no loop.
+DIVERGENT = """
+	code for sm_90
+		Function : _Z6kernelPKfPfi
+	.headerflags	@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+        /*0010*/                   LDG.E.128.CONSTANT R8, desc[UR4][R4.64] ;  /* 0x0000000404087981 */
+        /*0020*/                   STG.E.128 desc[UR4][R6.64], R8 ;       /* 0x0000000806007986 */
+        /*0030*/                   BRA.DIV UR7, 0xa0 ;                    /* 0x0000000607007947 */
+        /*0040*/                   SHFL.DOWN PT, R2, R2, 0x1, 0x1f ;      /* 0x08201f0002027f89 */
+        /*0050*/                   LDG.E.128.CONSTANT R12, desc[UR4][R4.64] ;  /* 0x0000000404087981 */
+        /*0060*/                   STG.E.128 desc[UR4][R6.64], R12 ;      /* 0x0000000806007986 */
+        /*0070*/                   STG.E.U8 desc[UR4][R6.64], R2 ;        /* 0x0000000206007986 */
+        /*0080*/              @!P1 BRA 0x10 ;                             /* 0xffffff5000001947 */
+        /*0090*/                   EXIT ;                                 /* 0x000000000000794d */
+        /*00a0*/                   SHFL.DOWN P2, R2, R2, R3, R4 ;         /* 0x08000017141 */
+        /*00b0*/                   BRA 0x50 ;                             /* 0xfffffff400e */
+"""
+
+
+def test_a_return_from_a_divergent_shuffle_is_no_loop():
+    (f,) = sass_report.parse_sass(DIVERGENT)
+    assert sass_report.loops(f) == [(1, 8)]
+    body = sass_report.hot_loop(f)
+    assert [i.address for i in (body[0], body[-1])] == [0x10, 0x80]
+    assert sass_report.count(body)["loads"] == {"LDG.E.128.CONSTANT": 2}

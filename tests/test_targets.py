@@ -5,6 +5,7 @@ suite check its bits); "vllm" follows vLLM's kernels where they differ, checked 
 an independent float32/float64 reference of each kernel's arithmetic and, where
 compressed-tensors computes the same rule, against compressed-tensors itself."""
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -295,14 +296,26 @@ def test_onnx_export_refuses_the_vllm_target(tmp_path, dynamo):
         assert not (tmp_path / "m.onnx").exists()
 
 
-@pytest.mark.parametrize("preset", ["MXFP8", "MXFP4"])
-def test_vllm_mx_logits_are_the_compressed_loads_bit_for_bit(tmp_path, preset):
+@pytest.mark.parametrize("preset", ["MXFP8", "MXFP4", "NVFP4"])
+def test_vllm_mx_logits_are_the_compressed_loads_bit_for_bit(tmp_path, preset, monkeypatch):
     """Where compressed-tensors' rule is the vllm target's (MX activations; bfloat16, in which its
     compressed load runs MX weights), its compressed load computes fakequant's logits bit for bit,
     given the model built as a load builds it (from_config(dtype=...): the rotary frequencies in
-    float32; model.to(torch.bfloat16) would round them, and the attention with them)."""
+    float32; model.to(torch.bfloat16) would round them, and the attention with them). NVFP4 too,
+    once compressed-tensors computes its activations' block maxima in float32 as vLLM's kernel does
+    (it computes them in the input's dtype, bfloat16 here): that is the one difference
+    (docs/serving.md, the targets table)."""
     pytest.importorskip("compressed_tensors")
     from transformers import AutoModelForCausalLM
+    if preset == "NVFP4":
+        import compressed_tensors.quantization.utils.helpers as helpers
+        original = helpers.calculate_qparams
+
+        def in_float32(min_vals, max_vals, *args, **kwargs):
+            return original(min_vals.float(), max_vals.float(), *args, **kwargs)
+        for module in list(sys.modules.values()):
+            if getattr(module, "calculate_qparams", None) is original:
+                monkeypatch.setattr(module, "calculate_qparams", in_float32)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_llama().config, dtype=torch.bfloat16).eval()
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32

@@ -11,7 +11,7 @@ and the CUDA kernels against the CPU kernels (make gpu-check):
     python tools/op_fingerprint.py --out cpu.json
     python tools/op_fingerprint.py --device cuda --out cuda.json --compare cpu.json
 
-Each configuration (operator, dtype, layout, parameters; every preset's quantized Linear,
+Each configuration (operator, dtype, layout, parameters; every preset's quantizers, calibrated,
 forward and backward) runs on fixed inputs holding ties, zeros of both signs, values
 beyond the range, NaN and +-inf where the operator takes them; the fingerprint is the
 SHA-256 of the output's and the gradients' bytes, with every NaN hashed as one canonical NaN
@@ -154,6 +154,11 @@ def cases():
                 xx = finite if label == "centered8" else x
                 yield f"fake_quantize_blockwise/{key}/{label}/b{block}/axis{axis}", lambda xx=xx, kw=kw, b=block, a=axis: _run(
                     lambda t: ops.fake_quantize_blockwise(t, b, axis=a, **kw), xx)
+            # llama.cpp's blocks (GGUF: blocks of 32; 16 and a ragged 7 as well)
+            if hasattr(ops, "fake_quantize_ggml"):
+                for bits, block, axis in itertools.product((8, 4), (32, 16, 7), (-1, 0)):
+                    yield f"fake_quantize_ggml/{key}/q{bits}/b{block}/axis{axis}", lambda b=block, n=bits, a=axis, x=x: _run(
+                        lambda t: ops.fake_quantize_ggml(t, b, n, a), x)
     # torch's drop-ins and the fused observer
     x = _inputs((8, 48), torch.float32, special=False)
     yield "fake_quantize_per_tensor_affine", lambda: _run(
@@ -203,19 +208,36 @@ def cases():
             finally:
                 TensorQuantizer.use_fb_fake_quant = previous
         yield f"use_fb_fake_quant/{amax.numel()}", native
-    # every preset's quantized Linear: calibrated, forward and backward
+    # every preset's quantizers, as its quantized Linear layers hold them: calibrated on fixed
+    # inputs, then forward and backward of each quantizer alone. Not the layers' outputs: a
+    # matrix product sums in another order on each device (cuBLAS against the CPU's BLAS), so
+    # that it and every quantizer after it would differ for reasons that are not fakequant's.
     # (fakequant.presets before it moved: this script runs on older commits too)
     presets = fakequant.models.presets if hasattr(fakequant, "models") else fakequant.presets
     for preset in sorted(presets.PRESETS):
-        def linear(preset=preset):
-            model = _preset_model(preset).to(torch.get_default_device())
-            data = [_inputs((4, 64), torch.float32, special=False, seed=s) for s in range(2)]
-            fakequant.calibrate(model, data, progress=False)
-            xi = _inputs((4, 64), torch.float32, special=False, seed=9).requires_grad_()
-            y = model(xi)
-            y.sum().backward()
-            return _digest(y, xi.grad, *[p.grad for p in model.parameters()])
-        yield f"preset/{preset}", linear
+        yield f"preset/{preset}", lambda preset=preset: _preset_quantizers(preset, "max")
+    # the histogram calibrators (collected on the device, searched on the CPU), per tensor
+    for method in ("entropy", "mse", "percentile"):
+        yield f"calibrate/{method}/INT8", lambda method=method: _preset_quantizers("INT8", method)
+
+
+def _preset_quantizers(preset, method):
+    model = _preset_model(preset).to(torch.get_default_device())
+    layers = [m for m in model.modules() if hasattr(m, "input_quantizer") and hasattr(m, "weight_quantizer")]
+    tensors = []
+    for i, layer in enumerate(layers):
+        data = [_inputs((16, layer.in_features), torch.float32, special=False, seed=10 * i + s) for s in range(2)]
+        # each layer alone: its input quantizer sees these inputs, not the product of the layer before
+        fakequant.calibrate(layer, data, method=method, progress=False)
+        x = _inputs((4, layer.in_features), torch.float32, special=False, seed=10 * i + 9).requires_grad_()
+        qx, qw = layer.input_quantizer(x), layer.weight_quantizer(layer.weight)
+        gx = _inputs(tuple(qx.shape), torch.float32, special=False, seed=10 * i + 7)
+        gw = _inputs(tuple(qw.shape), torch.float32, special=False, seed=10 * i + 8)
+        torch.autograd.backward([qx, qw], [gx, gw])
+        tensors += [qx, qw, x.grad, layer.weight.grad]
+        tensors += [t.grad for t in layer.parameters() if t is not layer.weight and t.grad is not None]
+        tensors += [t for name, t in layer.named_buffers() if "amax" in name]
+    return _digest(*tensors)
 
 
 def main():

@@ -82,13 +82,18 @@ def _quantize_kernels() -> List[Kernel]:
             pattern = (rf"quantize_kernel<{re.escape(ctype)}, \(fakequant::Format\){fmt}, \(fakequant::Output\)0, "
                        rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, fakequant::gpu::{re.escape(params)}")
             out.append(Kernel(f"{label}, {dname}", [(pattern, 2 * 16 // size)], 2 * size))
+        # the last axis per channel (channels innermost): its kernel since issue 36
+        out.append(Kernel(f"per-channel affine, last axis, {dname}",
+                          [(rf"quantize_innermost_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, "
+                            rf"\(fakequant::Output\)0, \(fakequant::Window\)0, \(fakequant::MaskOut\)0>",
+                            2 * 16 // size)], 2 * size))
     return out
 
 
 def _block_kernels() -> List[Kernel]:
     """NVFP4's blocks of 16 and the others' of 32: blockwise_vector_kernel<scalar_t, Format,
     BlockScale, K> (K 16-byte vectors a lane and trip, K = min(vectors a block, 8)) where the
-    build has it, else blockwise_kernel<scalar_t, Format, 1> (blockwise.cu before it: one
+    build has it, else blockwise_kernel<scalar_t, Format, 1> (blockwise.cuh before it: one
     element a lane and trip). BlockScale 0 is float32, 1 E4M3 (two levels), 2 E8M0."""
     cases = [("NVFP4 (E2M1, E4M3 scales, blocks of 16)", 1, 1, 16),
              ("MXFP4 (E2M1, E8M0 scales, blocks of 32)", 1, 2, 32),
@@ -111,16 +116,35 @@ def _block_kernels() -> List[Kernel]:
 def _long_block_kernels() -> List[Kernel]:
     """Blocks of 1024 elements or more (per token: a whole row; here int8 about the row's centre,
     Model Optimizer's dynamic per-token asymmetric rule): blockwise_long_vector_kernel<scalar_t,
-    Format, centered> (one 16-byte vector a thread and step of its second pass) where the build
-    has it, else blockwise_long_kernel<scalar_t, Format> (one element). The first pass, the
-    max, reads the block once more."""
+    Format, centered, held> with held (rows of up to 8 steps of a thread block's vectors in
+    registers, read once: its loop is a block, both passes, 8 vectors a thread) where the build
+    has it; else blockwise_long_vector_kernel<scalar_t, Format, centered> (one 16-byte vector a
+    thread and step of its second pass; the first pass, the max, reads the block once more);
+    else blockwise_long_kernel<scalar_t, Format> (one element)."""
     return [Kernel(f"per token (rows of 1024 or more, centered int8), {dname}",
-                   [(rf"blockwise_long_vector_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, true>", 16 // size),
+                   [(rf"blockwise_long_vector_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, true, true>",
+                     8 * 16 // size),
+                    (rf"blockwise_long_vector_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, true>", 16 // size),
                     (rf"blockwise_long_kernel<{re.escape(ctype)}, \(fakequant::Format\)0>", 1)], 2 * size)
             for dname, ctype, size in _DTYPES]
 
 
-KERNELS = _quantize_kernels() + _block_kernels() + _long_block_kernels() + [
+def _ggml_kernels() -> List[Kernel]:
+    """llama.cpp's Q8_0 and Q4_0 blocks of 32 (fake_quantize_ggml, ggml.cu):
+    ggml_vector_kernel<scalar_t, GgmlType, K> (GgmlType 8 is Q8_0, 4 Q4_0; K = min(vectors a
+    block, 4) 16-byte vectors a lane and trip)."""
+    out = []
+    for dname, ctype, size in _DTYPES:
+        vec = 16 // size
+        k = min(32 // vec, 4)
+        for label, bits in (("GGML Q8_0 (blocks of 32)", 8), ("GGML Q4_0 (blocks of 32)", 4)):
+            out.append(Kernel(f"{label}, {dname}",
+                              [(rf"ggml_vector_kernel<{re.escape(ctype)}, \(fakequant::GgmlType\){bits}, {k}>",
+                                k * vec)], 2 * size))
+    return out
+
+
+KERNELS = _quantize_kernels() + _block_kernels() + _long_block_kernels() + _ggml_kernels() + [
     Kernel("mask backward (packed), float32", [(r"mask_backward_kernel<unsigned int, true>", 4)], 8),
     Kernel("mask backward (packed), bfloat16", [(r"mask_backward_kernel<unsigned short, true>", 8)], 4),
 ]
@@ -200,11 +224,14 @@ def access_width(opcode: str) -> int:
 
 
 def loops(f: Function) -> List[Tuple[int, int]]:
-    """(first, last) instruction indices of every backward branch's loop."""
+    """(first, last) instruction indices of every conditional backward branch's loop. (An
+    unconditional one is no loop's end but a return into the code, such as the way back
+    from the divergent path of a warp shuffle, which a BRA.DIV jumps to.)"""
     index = {ins.address: i for i, ins in enumerate(f.code)}
     out = []
     for i, ins in enumerate(f.code):
-        if ins.opcode.startswith("BRA"):
+        conditional = bool(ins.predicate) or re.match(r"\s*!?U?P\d", ins.operands) is not None
+        if ins.opcode.startswith("BRA") and conditional:
             m = re.search(r"0x([0-9a-f]+)", ins.operands)
             if m and int(m.group(1), 16) <= ins.address and int(m.group(1), 16) in index:
                 out.append((index[int(m.group(1), 16)], i))

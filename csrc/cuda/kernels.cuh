@@ -313,16 +313,22 @@ __device__ __forceinline__ unsigned quantize_fast(scalar_t* __restrict__ y, cons
   return bits;
 }
 
+// `fast` and whether every element of the vector is in the fast division's range
+// (fast_dividend), in one chain of predicates.
+template <int V>
+__device__ __forceinline__ bool fast_dividends(const Pack<float, V>& xf, bool fast = true) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) fast &= fast_dividend(xf.v[k]);
+  return fast;
+}
+
 // V elements with one set of constants and its Divisor, where the divisor and every
 // element allow the fast division: returns false (and writes nothing) where not.
 template <int V, Format F, Output O, Window W, typename scalar_t>
 __device__ __forceinline__ bool quantize_vector_one(scalar_t* __restrict__ y, const Pack<scalar_t, V>& in,
                                                     const Consts<float>& c, const Divisor& d, unsigned& bits) {
   const Pack<float, V> xf = to_floats(in);
-  bool fast = d.fast;
-#pragma unroll
-  for (int k = 0; k < V; ++k) fast &= fast_dividend(xf.v[k]);
-  if (!fast) return false;
+  if (!fast_dividends(xf, d.fast)) return false;
   bits = quantize_fast<V, F, O, W>(y, xf, [&](int) -> const Consts<float>& { return c; },
                                    [&](int) -> const Divisor& { return d; });
   return true;
@@ -340,11 +346,11 @@ __device__ __noinline__ unsigned quantize_vector_other(const scalar_t* __restric
   if (lookup.step != 1 || lookup.col + V > lookup.inner) return quantize_vector_table<V, F, O, W>(x, y, e0, params);
   const Pack<float, V> xf = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + e0));
   Consts<float> c[V];
-  bool fast = true;
+  bool fast = fast_dividends(xf);
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     c[k] = load_consts(params.table + lookup.j + k);
-    fast &= (c[k].fast != 0.0f) & fast_dividend(xf.v[k]);
+    fast &= c[k].fast != 0.0f;
   }
   if (!fast) return quantize_vector_table<V, F, O, W>(x, y, e0, params);
   return quantize_fast<V, F, O, W>(y + e0, xf, [&](int k) -> const Consts<float>& { return c[k]; },
@@ -378,6 +384,20 @@ __device__ __forceinline__ unsigned quantize_vector(const scalar_t* __restrict__
   return quantize_vector_other<V, F, O, W>(x, y, e0, params);
 }
 
+// A packed mask's bits of a lane's V elements from e0 (bit k: element e0 + k; 0 past n): the
+// first of each 8 / V lanes, whose vectors are consecutive, gathers their bits into the byte it
+// stores. Every lane of the warp calls it together.
+template <int V, MaskOut M>
+__device__ __forceinline__ void store_packed_mask(uint8_t* __restrict__ mask, int64_t e0, int64_t n, unsigned bits,
+                                                  int lane) {
+  if constexpr (M == MaskOut::kPacked) {
+    constexpr int kLanesPerByte = 8 / V;
+#pragma unroll
+    for (int s = 1; s < kLanesPerByte; s *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s) << (V * s);
+    if (lane % kLanesPerByte == 0 && e0 < n) mask[e0 / 8] = static_cast<uint8_t>(bits);
+  }
+}
+
 // One lane's part of a warp tile: elements e0 .. e0 + V - 1. With V > 1 they
 // are all in range and 16-byte aligned; with V == 1, e0 may be past the end.
 // Every lane of the warp calls it together (the mask shuffles).
@@ -406,13 +426,7 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
     }
     if constexpr (M == MaskOut::kBool) store_bool_mask<V>(mask + e0, bits);
   }
-  if constexpr (M == MaskOut::kPacked) {
-    // The first of each 8 / V lanes gathers their bits into the byte it stores.
-    constexpr int kLanesPerByte = 8 / V;
-#pragma unroll
-    for (int s = 1; s < kLanesPerByte; s *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s) << (V * s);
-    if (lane % kLanesPerByte == 0 && e0 < n) mask[e0 / 8] = static_cast<uint8_t>(bits);
-  }
+  store_packed_mask<V, M>(mask, e0, n, bits, lane);
 }
 
 // Elements [0, n_vec) in tiles of kQuantizeTile (two vector loads a lane: the second at a
@@ -443,6 +457,59 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t scalar_tiles = (n - n_vec + kWarpSize - 1) / kWarpSize;
   for (int64_t t = warp; t < scalar_tiles; t += nwarps) {
     quantize_lane<1, F, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, params, lane);
+  }
+}
+
+// --- per channel, the channels innermost ----------------------------------------------------
+// The table's layout [rows][channels] with consecutive entries along the channels (the last
+// axis quantized per channel, channels_last activations), channels a multiple of V, input and
+// output aligned for vectors. The grid's `threads` (a multiple of channels / V and of the warp:
+// innermost_threads, quantize.cuh) walk the vectors tid, tid + threads, ...: a thread's vectors
+// hold the same V channels, whose constants it loads once, before its loop, so that the loop
+// is the per-tensor one with an entry an element. Two vectors a trip (as quantize_kernel); a
+// vector with an element outside the fast division's range, or a channel whose scale is,
+// goes out of line (quantize_vector_table).
+template <int V, Format F, Output O, Window W, MaskOut M, typename scalar_t>
+__device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                        uint8_t* __restrict__ mask, int64_t e0, int64_t n,
+                                                        const Consts<float> (&c)[V], bool fast,
+                                                        const TableParams<float>& params, int lane) {
+  unsigned bits = 0;
+  if (e0 < n) {
+    const Pack<float, V> xf = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + e0));
+    if (fast_dividends(xf, fast)) {
+      bits = quantize_fast<V, F, O, W>(y + e0, xf, [&](int k) -> const Consts<float>& { return c[k]; },
+                                       [&](int k) { return divisor_of(c[k]); });
+    } else {
+      bits = quantize_vector_table<V, F, O, W>(x, y, e0, params);
+    }
+    if constexpr (M == MaskOut::kBool) store_bool_mask<V>(mask + e0, bits);
+  }
+  store_packed_mask<V, M>(mask, e0, n, bits, lane);
+}
+
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M>
+__global__ void __launch_bounds__(kThreads)
+    quantize_innermost_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                              uint8_t* __restrict__ mask, int64_t n, int64_t threads,
+                              const __grid_constant__ TableParams<float> params) {
+  constexpr int V = kVec<scalar_t>;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tid >= threads) return;  // whole warps: threads is a multiple of the warp
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t channels = params.layout.sizes[params.layout.ndim - 1];
+  const Consts<float>* first = params.table + tid % (channels / V) * V;
+  Consts<float> c[V];
+  bool fast = true;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    c[k] = load_consts(first + k);
+    fast &= c[k].fast != 0.0f;
+  }
+  // the warp's vectors: v - lane, the same for every lane, decides the trip
+  for (int64_t v = tid; v - lane < n / V; v += 2 * threads) {
+    quantize_lane_innermost<V, F, O, W, M>(x, y, mask, v * V, n, c, fast, params, lane);
+    quantize_lane_innermost<V, F, O, W, M>(x, y, mask, (v + threads) * V, n, c, fast, params, lane);
   }
 }
 
@@ -488,6 +555,34 @@ __global__ void __launch_bounds__(kThreads)
     const unsigned m = kPacked ? (mask[e / 8] >> (e % 8)) & 1u : mask[e];
     out[e] = select_bits(grad[e], m);
   }
+}
+
+// --- packed mask words (the block-wise kernels: blockwise.cu, ggml.cu) ----------------------
+
+// The bits of elements [32 w, 32 w + 32), stored by the word's only writer;
+// the mask's last word byte by byte, so that nothing past the mask is written.
+inline __device__ __noinline__ void store_mask_tail(uint32_t* __restrict__ words, int64_t mask_bytes,
+                                                    int64_t w, uint32_t bits) {
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(words + w);
+  for (int64_t b = 0; w * 4 + b < mask_bytes; ++b) bytes[b] = static_cast<uint8_t>(bits >> (8 * b));
+}
+
+__device__ __forceinline__ void store_mask_word(uint32_t* __restrict__ words, int64_t mask_bytes,
+                                                int64_t w, uint32_t bits) {
+  if ((w + 1) * 4 <= mask_bytes) {
+    words[w] = bits;
+  } else {
+    store_mask_tail(words, mask_bytes, w, bits);
+  }
+}
+
+// Bit k of `bits` is the mask bit of element pos + k: or-ed into zeroed
+// scratch words, which blocks may share.
+__device__ __forceinline__ void or_mask_bits(uint32_t* __restrict__ words, int64_t pos, uint32_t bits) {
+  if (bits == 0) return;
+  const int shift = static_cast<int>(pos % 32);
+  atomicOr(words + pos / 32, bits << shift);
+  if (shift != 0 && (bits >> (32 - shift)) != 0) atomicOr(words + pos / 32 + 1, bits >> (32 - shift));
 }
 
 }  // namespace gpu

@@ -96,6 +96,15 @@ inline unsigned grid_for(int64_t warp_tiles, int device) {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The four dtypes' instantiations of the launch `fn<scalar_t>(const Job&)`, declared where it is
+// defined (a header), each compiled in one translation unit only (fn.cu for float32,
+// fn_<dtype>.cu for the others), so that a parallel build compiles them at once.
+#define FAKEQUANT_EXTERN_PER_DTYPE(fn, Job)                \
+  extern template void fn<float>(const Job& job);        \
+  extern template void fn<double>(const Job& job);       \
+  extern template void fn<at::Half>(const Job& job);     \
+  extern template void fn<at::BFloat16>(const Job& job)
+
 // kernel<<<blocks, kThreads, 0, stream>>>(args...) and the launch check; in the
 // emulation build, the same kernel run by the SIMT emulator on the CPU.
 template <typename... Params, typename... Args>

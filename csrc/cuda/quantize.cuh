@@ -4,11 +4,31 @@
 // each with one set of constants or a per-channel table. Instantiated once per
 // dtype, each in a translation unit of its own (quantize.cu: float; the others
 // in quantize_<dtype>.cu), so that a parallel build compiles them at once.
+#include <limits>
+#include <numeric>
+
 #include "launch.cuh"
 
 namespace fakequant {
 namespace gpu {
 namespace {
+
+// Threads of quantize_innermost_kernel (kernels.cuh) for the table's layout: the channels
+// innermost with consecutive entries and nothing else stepping through them, a multiple of V;
+// 0 where that is not the layout, or where channels / V threads would be more than the grid.
+template <int V>
+int64_t innermost_threads(const ParamLayout& layout, int64_t n, int device) {
+  const auto nd = layout.sizes.size();
+  if (layout.param_strides[nd - 1] != 1 || layout.sizes[nd - 1] % V != 0) return 0;
+  for (size_t d = 0; d + 1 < nd; ++d) {
+    if (layout.param_strides[d] != 0) return 0;
+  }
+  const int64_t period = std::lcm(layout.sizes[nd - 1] / V, int64_t{kWarpSize});
+  const int64_t most = int64_t{grid_for(std::numeric_limits<int64_t>::max() / 2, device)} * kThreads;
+  if (period > most) return 0;
+  const int64_t wanted = (n / V + 2 * period - 1) / (2 * period);  // two vectors a thread
+  return period * std::max<int64_t>(1, std::min(most / period, wanted));
+}
 
 template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Params>
 void launch_quantize(const QuantizeJob& job, const Params& params) {
@@ -21,6 +41,15 @@ void launch_quantize(const QuantizeJob& job, const Params& params) {
   // (y and the mask are fresh allocations; input may be a view at any offset).
   const bool vectorised = aligned16(xp) && aligned16(yp) &&
                           (M != MaskOut::kBool || reinterpret_cast<uintptr_t>(mp) % V == 0);
+  if constexpr (std::is_same_v<Params, TableParams<float>>) {
+    const int64_t threads = vectorised ? innermost_threads<V>(job.layout, n, job.x.get_device()) : 0;
+    if (threads > 0) {
+      const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
+      launch_kernel(&quantize_innermost_kernel<scalar_t, F, O, W, M>, blocks, at::cuda::getCurrentCUDAStream(), xp,
+                    yp, mp, n, threads, params);
+      return;
+    }
+  }
   constexpr int64_t kTile = kQuantizeTile<scalar_t>;
   const int64_t n_vec = vectorised ? n / kTile * kTile : 0;
   const int64_t tiles = std::max(n_vec / kTile, (n - n_vec + kWarpSize - 1) / kWarpSize);
@@ -59,11 +88,7 @@ void quantize_typed(const QuantizeJob& job) {
   });
 }
 
-// Each dtype's instantiation is compiled in one translation unit only.
-extern template void quantize_typed<float>(const QuantizeJob& job);
-extern template void quantize_typed<double>(const QuantizeJob& job);
-extern template void quantize_typed<at::Half>(const QuantizeJob& job);
-extern template void quantize_typed<at::BFloat16>(const QuantizeJob& job);
+FAKEQUANT_EXTERN_PER_DTYPE(quantize_typed, QuantizeJob);
 
 }  // namespace gpu
 }  // namespace fakequant

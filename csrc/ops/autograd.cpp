@@ -104,6 +104,7 @@ struct QuantizeAmax { static constexpr const char* name = "quantize_amax"; };
 struct MinMax { static constexpr const char* name = "fake_quantize_min_max"; };
 struct Fp8 { static constexpr const char* name = "fake_quantize_fp8"; };
 struct Blockwise { static constexpr const char* name = "fake_quantize_blockwise"; };
+struct Ggml { static constexpr const char* name = "fake_quantize_ggml"; };
 
 using AffineFunction = MaskedFunction<Affine, const at::Tensor&, const at::Tensor&,
                                       std::optional<int64_t>, int64_t, int64_t, bool>;
@@ -113,6 +114,7 @@ using MinMaxFunction = MaskedFunction<MinMax, const at::Tensor&, const at::Tenso
 using Fp8Function = MaskedFunction<Fp8, const at::Tensor&, int64_t, int64_t, bool>;
 using BlockwiseFunction = MaskedFunction<Blockwise, int64_t, int64_t, bool, bool, int64_t,
                                          const std::optional<at::Tensor>&, bool, bool, bool>;
+using GgmlFunction = MaskedFunction<Ggml, int64_t, int64_t>;
 
 // mask_backward: linear in grad, so its gradient is itself with the same mask.
 struct MaskBackwardFunction : torch::autograd::Function<MaskBackwardFunction> {
@@ -207,6 +209,7 @@ FAKEQUANT_LIBRARY_IMPL(Autograd, m) {
   m.impl("fake_quantize_min_max", &MinMaxFunction::apply_op);
   m.impl("fake_quantize_fp8", &Fp8Function::apply_op);
   m.impl("fake_quantize_blockwise", &BlockwiseFunction::apply_op);
+  m.impl("fake_quantize_ggml", &GgmlFunction::apply_op);
   m.impl("fake_quantize_lsq", &LsqFunction::apply_op);
   m.impl("mask_backward", &MaskBackwardFunction::apply_op);
 }

@@ -16,17 +16,14 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
   const DeviceScope scope(input);
   if (two_level && run_value_checks(input, check_values)) check_scale_amax_value(*scale_amax);
 
-  const bool keep = blockwise_keeps_layout(input);
-  at::Tensor y = keep ? at::empty_like(input) : at::empty(input.sizes(), input.options());
-  const at::Tensor mask = new_mask(y, /*packed=*/true);
-  if (input.numel() == 0) return {y, mask};
+  const BlockTensors t = block_tensors(input);
+  if (input.numel() == 0) return {t.y, t.mask};
 
   at::Tensor sa;
   BlockwiseJob job;
-  job.x = keep ? input : input.contiguous();
-  TORCH_INTERNAL_ASSERT(job.x.strides() == y.strides());
-  job.y = y;
-  job.mask = mask;
+  job.x = t.x;
+  job.y = t.y;
+  job.mask = t.mask;
   job.geometry = block_geometry(input.dim() == 0 ? 1 : input.size(-1), block_size);
   job.format = args.format;
   job.rule = args.rule;
@@ -37,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
     job.scale_amax = param_ptr(sa);
   }
   blockwise_stub(input.device().type(), job);
-  return {y, mask};
+  return {t.y, t.mask};
 }
 
 }  // namespace fakequant

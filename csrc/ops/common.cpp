@@ -5,6 +5,7 @@ namespace fakequant {
 
 KernelSlot<QuantizeFn> quantize_stub("quantize");
 KernelSlot<BlockwiseFn> blockwise_stub("blockwise");
+KernelSlot<GgmlFn> ggml_stub("ggml");
 KernelSlot<LsqBackwardFn> lsq_backward_stub("lsq_backward");
 KernelSlot<ObserverFn> observer_stub("observer");
 KernelSlot<MaskBackwardFn> mask_backward_stub("mask_backward");
@@ -63,6 +64,16 @@ std::tuple<at::Tensor, at::Tensor> run_quantize(
   job.mask_out = mask_out;
   quantize_stub(input.device().type(), job);
   return {y, mask};
+}
+
+BlockTensors block_tensors(const at::Tensor& input) {
+  const bool keep = blockwise_keeps_layout(input);
+  at::Tensor y = keep ? at::empty_like(input) : at::empty(input.sizes(), input.options());
+  at::Tensor mask = new_mask(y, /*packed=*/true);
+  if (input.numel() == 0) return {input, y, mask};
+  at::Tensor x = keep ? input : input.contiguous();
+  TORCH_INTERNAL_ASSERT(x.strides() == y.strides());
+  return {x, y, mask};
 }
 
 }  // namespace fakequant

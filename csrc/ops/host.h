@@ -41,6 +41,14 @@ std::tuple<at::Tensor, at::Tensor> run_quantize(
     const std::variant<AffineFamily, MinMaxFamily, AmaxFamily>& family, Format format,
     Output output, MaskOut mask_out);
 
+// The tensors of an operator over blocks along the last dimension (block-wise, GGML): the
+// output y (in input's layout where its rows are runs of memory, else contiguous), its packed
+// mask, and the input in y's layout (x; input itself when empty).
+struct BlockTensors {
+  at::Tensor x, y, mask;
+};
+BlockTensors block_tensors(const at::Tensor& input);
+
 // fake_quantize_affine's forward with any mask kind (LSQ's forward has none).
 std::tuple<at::Tensor, at::Tensor> quantize_affine_family(
     const at::Tensor& input, const at::Tensor& scale, const at::Tensor& zero_point,
@@ -72,6 +80,8 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_blockwise(
     const at::Tensor& input, int64_t block_size, int64_t num_bits, bool is_unsigned,
     bool narrow_range, int64_t exponent_bits, const std::optional<at::Tensor>& scale_amax,
     bool check_values, bool e8m0_scale, bool centered);
+std::tuple<at::Tensor, at::Tensor> fake_quantize_ggml(const at::Tensor& input, int64_t block_size,
+                                                      int64_t num_bits);
 at::Tensor fake_quantize_lsq(const at::Tensor& input, const at::Tensor& scale,
                              const at::Tensor& zero_point, std::optional<int64_t> axis,
                              int64_t quant_min, int64_t quant_max, double grad_factor);

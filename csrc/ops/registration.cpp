@@ -15,6 +15,7 @@ void register_host_functions(torch::Library& m) {
   m.impl("quantize_amax", &quantize_amax);
   m.impl("fake_quantize_fp8", &fake_quantize_fp8);
   m.impl("fake_quantize_blockwise", &fake_quantize_blockwise);
+  m.impl("fake_quantize_ggml", &fake_quantize_ggml);
   m.impl("fake_quantize_lsq", &fake_quantize_lsq);
   m.impl("fake_quantize_lsq_backward", &fake_quantize_lsq_backward);
   m.impl("mask_backward", &mask_backward);

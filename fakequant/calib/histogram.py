@@ -26,10 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["HistogramCalibrator"]
 
-# Elements histogrammed per step per channel (bounds the int64 index temporaries).
-_CHUNK = 1 << 24
-# Elements per torch.histc call: its float32 counts are exact below 2^24.
-_HISTC_CHUNK = (1 << 24) - 1
+# Elements histogrammed per step (bounds the index temporaries; 2^20 keeps them in cache).
+_CHUNK = 1 << 20
 METHODS = ("entropy", "mse", "percentile", "max")
 
 
@@ -194,31 +192,12 @@ class HistogramCalibrator(_Calibrator):
             pad = torch.zeros(channels, bins - self._hist.shape[1], dtype=torch.int64, device=self._hist.device)
             self._hist = torch.cat([self._hist, pad], dim=1)
 
-        # torch.histc has no deterministic CUDA kernel; bincount (without weights) has.
-        if channels == 1 and not (a.is_cuda and torch.are_deterministic_algorithms_enabled()):
-            self._count_per_tensor(a[0], batch_max.item())
-        else:
-            self._count_per_channel(a)
+        # One rule on every device and setting (docs/design.md, "One value on every device"): the
+        # bin of x is floor(x * (1 / width)) in float32, counted by bincount (torch.histc has no
+        # deterministic CUDA kernel: with it, deterministic algorithms would need another rule).
+        self._count(a)
 
-    def _count_per_tensor(self, a: torch.Tensor, batch_max: float) -> None:
-        assert self._hist is not None and self._used is not None and self._width is not None  # (_collect set them)
-        used, width = int(self._used[0]), float(self._width[0])
-        if width == 0.0:  # only zeros so far: they all belong to bin 0
-            if not self._skip_zeros:
-                self._hist[0, 0] += a.numel()
-            return
-        # torch.histc in one pass; its float32 counts are exact below 2^24 per
-        # chunk, and are accumulated in int64. The top edge covers the batch max
-        # even where used * width rounds a hair below it.
-        top = max(used * width, batch_max)
-        counts = torch.zeros(used, dtype=torch.int64, device=a.device)
-        for part in torch.split(a, _HISTC_CHUNK):
-            counts += torch.histc(part, bins=used, min=0.0, max=top).to(torch.int64)
-            if self._skip_zeros:
-                counts[0] -= (part == 0).sum()
-        self._hist[0, :used] += counts
-
-    def _count_per_channel(self, a: torch.Tensor) -> None:
+    def _count(self, a: torch.Tensor) -> None:
         assert self._hist is not None and self._used is not None and self._width is not None  # (_collect set them)
         channels, bins = self._hist.shape
         device = a.device
@@ -229,12 +208,14 @@ class HistogramCalibrator(_Calibrator):
         offset = (torch.arange(channels, device=device) * bins).unsqueeze(1)
         dump = channels * bins  # index of skipped zeros, dropped below
         counts = torch.zeros(channels * bins + 1, dtype=torch.int64, device=device)
+        index = torch.int32 if dump < 2**31 else torch.int64  # (int32: a third faster)
+        last, offset = last.to(index), offset.to(index)
         step = max(1, _CHUNK // channels)
         for start in range(0, a.shape[1], step):
             part = a[:, start:start + step]
-            # floor(x / width) as x * (1 / width): a value within a rounding error
-            # of an edge may land in the neighbouring bin, as with torch.histc.
-            idx = (part * inv_width).floor_().to(torch.int64)
+            # floor(x / width) as x * (1 / width), both rounded to float32: a value within a
+            # rounding error of an edge may land in the neighbouring bin, on every device alike.
+            idx = (part * inv_width).floor_().to(index)
             idx = torch.minimum(idx, last).add_(offset)
             if self._skip_zeros:
                 idx = torch.where(part == 0, dump, idx)

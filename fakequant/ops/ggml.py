@@ -3,35 +3,43 @@
 These follow llama.cpp's rule, not the library's numerics contract (docs/design.md): the
 codes come from multiplying by the reciprocal of a float32 block scale and rounding halves
 away from zero (Q8_0) or adding 8.5 and truncating (Q4_0), and the values from the scale
-rounded to float16, as the GGUF file stores it. The rule is written once, in plain PyTorch
-(:func:`fakequant.composite.rules.fake_quantize_ggml`); this function checks the arguments and
-gives it the straight-through gradient of every other operator (the mask of the rule, kept
-as a bool tensor). There is no C++ kernel:
-the rule is a handful of elementwise passes, and llama.cpp's (not ONNX's) is the target, so an
-ONNX export of it is refused.
+rounded to float16, as the GGUF file stores it. The operator ``fake_quantize_ggml``
+(csrc/ops/ggml.cpp; its rule in csrc/include/fakequant/ggml.h, one pass with a one-bit mask)
+computes what :func:`fakequant.composite.rules.fake_quantize_ggml` states in plain PyTorch, bit
+for bit; the gradient is the straight-through one of every other operator (where the mask is
+set). llama.cpp's (not ONNX's) is the target, so an ONNX export of it is refused.
 """
 import torch
 
-from ..composite import rules
-from .._core import GGML_BLOCK_TYPES, check_int, check_tensor
-from ._common import along_last_axis
+from ..composite import compiled, rules
+from .._core import GGML_BLOCK_TYPES, check_int, check_tensor, refuse_untranslated
+from ._common import _FLOAT_DTYPES, _check_meta, _new_mask, _ops, along_last_axis
+from .blockwise import _blockwise_keeps_layout
 
 __all__ = ["fake_quantize_ggml"]
 
 
-class _GGMLBlocks(torch.autograd.Function):
-    """The rule's output; the gradient of x where its mask is set, else 0."""
+# The C++ checks (csrc/include/fakequant/arg_checks.h, check_ggml_args), repeated for the
+# wrapper and the fake kernel.
+def _check_block_size(block_size: int) -> None:
+    if block_size < 1:
+        raise ValueError(f"fakequant: block_size must be >= 1, got {block_size}")
 
-    @staticmethod
-    def forward(ctx, x, block_size, num_bits):
-        y, mask = rules.fake_quantize_ggml(x, block_size, num_bits)
-        ctx.save_for_backward(mask)
-        return y
 
-    @staticmethod
-    def backward(ctx, grad):
-        (mask,) = ctx.saved_tensors
-        return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)), None, None
+def _check_num_bits(num_bits: int) -> None:
+    if num_bits not in GGML_BLOCK_TYPES:
+        raise ValueError(f"fakequant: num_bits must be one of {sorted(GGML_BLOCK_TYPES)} "
+                         f"({GGML_BLOCK_TYPES}), got {num_bits}")
+
+
+@torch.library.register_fake("fakequant::fake_quantize_ggml")
+def _(input, block_size=32, num_bits=8):
+    refuse_untranslated("fake_quantize_ggml")
+    _check_meta(input)
+    _check_block_size(block_size)
+    _check_num_bits(num_bits)
+    y = torch.empty_like(input) if _blockwise_keeps_layout(input) else input.new_empty(input.shape)
+    return y, _new_mask(y)
 
 
 def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int = 8, axis: int = -1) -> torch.Tensor:
@@ -49,14 +57,19 @@ def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int 
     if not input.is_floating_point():
         raise TypeError(f"fakequant: input must be a floating-point tensor, got {input.dtype}")
     block_size = check_int(block_size, "block_size")
-    if block_size < 1:
-        raise ValueError(f"fakequant: block_size must be >= 1, got {block_size}")
+    _check_block_size(block_size)
     num_bits = check_int(num_bits, "num_bits")
-    if num_bits not in GGML_BLOCK_TYPES:
-        raise ValueError(f"fakequant: num_bits must be one of {sorted(GGML_BLOCK_TYPES)} "
-                         f"({GGML_BLOCK_TYPES}), got {num_bits}")
+    _check_num_bits(num_bits)
     axis = check_int(axis, "axis")
-    if torch.onnx.is_in_onnx_export():  # (either exporter; the rule costs far more than this check)
+    if torch.onnx.is_in_onnx_export():  # (either exporter)
         raise RuntimeError("fakequant: llama.cpp's Q8_0/Q4_0 blocks (fake_quantize_ggml, the GGUF presets) have no "
                            "ONNX form; a GGUF model is exported with fakequant.serve.gguf.export_gguf")
-    return along_last_axis(input, axis, lambda x: _GGMLBlocks.apply(x, block_size, num_bits))
+
+    def rule(x: torch.Tensor) -> torch.Tensor:
+        # The composite under torch.compile's "composite" path, and for floating dtypes the
+        # operator does not take (float8: the rule computes in float32 all the same).
+        if compiled.active() or x.dtype not in _FLOAT_DTYPES:
+            return compiled.apply(rules.fake_quantize_ggml, x, block_size, num_bits)
+        return _ops.fake_quantize_ggml(x, block_size, num_bits)[0]
+
+    return along_last_axis(input, axis, rule)

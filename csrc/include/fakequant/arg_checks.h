@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "contract.h"
+#include "ggml.h"
 #include "param_layout.h"
 
 namespace fakequant {
@@ -322,6 +323,17 @@ inline BlockwiseArgs check_blockwise_args(const at::Tensor& input, int64_t block
     args.scale.kind = BlockScale::kE8M0;
   }
   return args;
+}
+
+// --- GGML blocks ---
+
+// llama.cpp's block types: num_bits 8 (Q8_0) or 4 (Q4_0), blocks of block_size >= 1.
+inline GgmlType check_ggml_args(const at::Tensor& input, int64_t block_size, int64_t num_bits) {
+  check_input(input);
+  TORCH_CHECK_VALUE(block_size >= 1, "fakequant: block_size must be >= 1, got ", block_size);
+  TORCH_CHECK_VALUE(num_bits == 8 || num_bits == 4,
+                    "fakequant: num_bits must be 8 (Q8_0) or 4 (Q4_0), got ", num_bits);
+  return num_bits == 8 ? GgmlType::kQ8_0 : GgmlType::kQ4_0;
 }
 
 // The output keeps input's strides when rows (the last dimension) are runs of

@@ -15,6 +15,7 @@
 #include <variant>
 
 #include "contract.h"
+#include "ggml.h"
 #include "param_layout.h"
 
 namespace fakequant {
@@ -47,6 +48,14 @@ struct BlockwiseJob {
   bool centered = false;  // blocks quantized about their centre (contract.h)
 };
 
+// fake_quantize_ggml: x dense with y's strides and rows of the last dimension runs of
+// memory (as BlockwiseJob's); mask packed (ceil(n / 8) bytes, a fresh allocation).
+struct GgmlJob {
+  at::Tensor x, y, mask;
+  BlockGeometry geometry;
+  GgmlType type = GgmlType::kQ8_0;
+};
+
 // fake_quantize_lsq_backward: x, grad and grad_input dense with one layout,
 // walked as [outer][channels][inner]; grad_scale and grad_zero_point float32,
 // one element per channel.
@@ -76,6 +85,7 @@ struct ObserverJob {
 
 using QuantizeFn = void(const QuantizeJob&);
 using BlockwiseFn = void(const BlockwiseJob&);
+using GgmlFn = void(const GgmlJob&);
 using LsqBackwardFn = void(const LsqBackwardJob&);
 using ObserverFn = void(const ObserverJob&);
 // out = grad where mask else +0; grad and out dense with one layout, mask packed
@@ -123,6 +133,7 @@ class KernelSlot {
 // Defined in csrc/ops/common.cpp.
 extern KernelSlot<QuantizeFn> quantize_stub;
 extern KernelSlot<BlockwiseFn> blockwise_stub;
+extern KernelSlot<GgmlFn> ggml_stub;
 extern KernelSlot<LsqBackwardFn> lsq_backward_stub;
 extern KernelSlot<ObserverFn> observer_stub;
 extern KernelSlot<MaskBackwardFn> mask_backward_stub;

@@ -1,0 +1,639 @@
+#pragma once
+// The CUDA kernels and launch of fake_quantize_blockwise for one dtype
+// (blockwise_typed<scalar_t>), instantiated once per dtype, each in a translation unit of its
+// own (blockwise.cu: float32 and the dispatch, blockwise_stub of the kernel table; the others
+// in blockwise_<dtype>.cu), so that a parallel build compiles them at once. The geometry, the
+// block scale, the degenerate block and the element rule are contract.h's; memory is walked as
+// rows of R elements (BlockGeometry), blocks tiling it without gaps.
+//
+// Whole blocks of 2 to 32 16-byte vectors tiling aligned memory (NVFP4's 16 elements, the MX
+// formats' 32, int blocks of 8 to 256: the uniform geometry, not centered):
+// blockwise_vector_kernel, one or more vectors a lane, the scale made once a block (below).
+// Other blocks shorter than kLongBlock: a group of G lanes (a power of two, up to a
+// warp) handles one block: each lane loads up to K of the block's elements
+// (coalesced across the group) and keeps them in registers, the group's max of
+// |x| comes from shuffles, every lane derives the scale itself, then quantizes
+// its elements from registers. Blocks longer than G * 4 elements are read twice
+// (the second time from L1/L2).
+// Blocks of kLongBlock elements or more: a whole thread block handles one
+// block (the max through shuffles and shared memory), so that a block of
+// 70,000 elements does not run on one warp.
+//
+// Mask bits are gathered with __ballot_sync. The mask is exactly ceil(n / 8)
+// bytes. Where every 32-bit word of it has one writer (power-of-two blocks, or
+// multiples of 32, in the uniform geometry) that writer stores the word whole,
+// the mask's last word byte by byte; otherwise each block's bits are or-ed
+// with 32-bit atomics into zeroed scratch words, copied into the mask after.
+#include "launch.cuh"
+
+namespace fakequant {
+namespace gpu {
+namespace {
+
+// Blocks of this many elements or more take a thread block each.
+constexpr int64_t kLongBlock = 1024;
+
+// The contract's geometry and how the kernels walk it.
+struct LaunchGeometry : BlockGeometry {
+  int64_t total_blocks;
+  int64_t mask_bytes;   // ceil(n / 8)
+  int group_size;       // G: lanes per block, a power of two <= 32 (short blocks)
+  int group_shift;      // log2(G) (blockwise_vector_kernel: vectors a block)
+  int iterations;       // ceil(block_size / G): the group's steps through a block
+  bool aligned_words;   // every mask word has one writer, which stores it whole
+  BlockScaleRule scale;
+  bool centered;        // blocks quantized about their centre (contract.h)
+};
+
+// Where block `blk` starts and how long it is.
+__device__ __forceinline__ void block_extent(const LaunchGeometry& geo, int64_t blk, int64_t& start,
+                                             int64_t& len) {
+  const int64_t r = geo.blocks_per_row == 1 ? blk : blk / geo.blocks_per_row;
+  const int64_t j = blk - r * geo.blocks_per_row;
+  start = r * geo.row_len + j * geo.block_size;
+  len = j + 1 == geo.blocks_per_row ? geo.last_len : geo.block_size;
+}
+
+// A block's scale from the bit pattern of its amax (contract.h's rules).
+template <typename C>
+struct ScaleOf {
+  C s;
+  bool degenerate;
+  bool centered;
+  C center;  // centered blocks: the elements are quantized as x - center, plus center
+};
+
+// The keys a block reduces (max over its elements): the bits of |x|, or for centered
+// blocks the order keys of x (in m) and of -x (in n). 0 is below every key.
+__device__ __forceinline__ void reduce_keys(const LaunchGeometry& geo, float v, uint32_t& m, uint32_t& n) {
+  if (geo.centered) {
+    m = max(m, order_key(v));
+    n = max(n, order_key(-v));
+  } else {
+    m = max(m, abs_bits(v));
+  }
+}
+
+template <typename C>
+__device__ __forceinline__ ScaleOf<C> block_scale(const LaunchGeometry& geo, uint32_t m, uint32_t n,
+                                                  float g) {
+  float amax = __uint_as_float(m), center = 0.0f;
+  if (geo.centered) {
+    const Centered cb = centered_block(m, n);
+    amax = cb.amax;
+    center = cb.center;
+  }
+  const float s32 = blockwise_scale(amax, geo.scale, g);
+  return {static_cast<C>(s32), blockwise_degenerate(amax, s32, g, geo.scale.kind), geo.centered,
+          static_cast<C>(center)};
+}
+
+template <Format F, typename C>
+__device__ __forceinline__ C block_element(C xv, const ScaleOf<C>& b, const BlockRule<C>& rule,
+                                           unsigned& bit) {
+  const C xc = b.centered ? sub_rn(xv, b.center) : xv;
+  const C v = b.degenerate ? degenerate_value(xc, bit) : blockwise_value<F>(xc, b.s, rule, bit);
+  return b.centered ? add_rn(v, b.center) : v;
+}
+
+// The per-tensor scale of two-level blocks (1 for one level); an invalid
+// scale_amax (possible only with value checks off) gives NaN.
+__device__ __forceinline__ float global_scale(const LaunchGeometry& geo, const ParamPtr& scale_amax) {
+  return geo.scale.kind == BlockScale::kE4M3
+             ? blockwise_global_scale(scale_amax.as_float(0), geo.scale.elem_max)
+             : 1.0f;
+}
+
+// K > 0: the block's elements stay in K registers per lane (blocks of at most
+// G * K elements); K == 0: any length below kLongBlock, read again for the
+// second pass.
+template <typename scalar_t, Format F, int K>
+__global__ void __launch_bounds__(kThreads)
+    blockwise_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                     uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
+                     const BlockRule<compute_t<scalar_t>> rule, const ParamPtr scale_amax) {
+  using C = compute_t<scalar_t>;
+  const int G = geo.group_size;
+  const int lane = threadIdx.x % kWarpSize;
+  const int member = lane & (G - 1);
+  const int group = lane / G;
+  const int groups_per_warp = kWarpSize / G;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
+  const int64_t warp_steps = (geo.total_blocks + groups_per_warp - 1) / groups_per_warp;
+  const float g = global_scale(geo, scale_amax);
+
+  // Every lane of a warp runs the same number of steps (the shuffles and
+  // ballots need the whole warp); lanes without a block carry len = 0.
+  for (int64_t step = warp; step < warp_steps; step += nwarps) {
+    const int64_t blk = step * groups_per_warp + group;
+    int64_t start = 0, len = 0;
+    if (blk < geo.total_blocks) block_extent(geo, blk, start, len);
+
+    uint32_t m = 0, n = 0;
+    C v[K > 0 ? K : 1];
+    if constexpr (K > 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int64_t i = static_cast<int64_t>(k) * G + member;
+        v[k] = i < len ? static_cast<C>(x[start + i]) : C(0);
+        if (i < len) reduce_keys(geo, static_cast<float>(v[k]), m, n);
+      }
+    } else {
+      for (int64_t i = member; i < len; i += G) reduce_keys(geo, static_cast<float>(x[start + i]), m, n);
+    }
+    for (int lanes = G / 2; lanes > 0; lanes /= 2) {
+      m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
+      n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
+    }
+    const ScaleOf<C> b = block_scale<C>(geo, m, n, g);
+
+    const int iterations = K > 0 ? K : geo.iterations;
+#pragma unroll
+    for (int k = 0; k < iterations; ++k) {
+      const int64_t offset = static_cast<int64_t>(k) * G;
+      const int64_t i = offset + member;
+      unsigned bit = 0;
+      if (i < len) {
+        C xv;
+        if constexpr (K > 0) {
+          xv = v[k];
+        } else {
+          xv = static_cast<C>(x[start + i]);
+        }
+        y[start + i] = static_cast<scalar_t>(block_element<F>(xv, b, rule, bit));
+      }
+      const unsigned ballot = __ballot_sync(kFullWarp, bit);
+      if (geo.aligned_words) {
+        // The warp's step covers 32 consecutive elements from a multiple of 32
+        // (one block of a multiple of 32, or 32 / G whole blocks of G).
+        // Lane 0 leads group 0, the warp's first block: if that one has no
+        // elements at this step, neither has any other.
+        const int64_t first = G == kWarpSize ? start + offset : step * kWarpSize;
+        if (lane == 0 && offset < len) store_mask_word(mask_words, geo.mask_bytes, first / 32, ballot);
+      } else if (member == 0 && offset < len) {
+        const unsigned width_mask = G == kWarpSize ? 0xffffffffu : ((1u << G) - 1u);
+        or_mask_bits(mask_words, start + offset, (ballot >> (group * G)) & width_mask);
+      }
+    }
+  }
+}
+
+// --- whole blocks of 16-byte vectors --------------------------------------------------------
+// Blocks of B = G * V elements (V = kVec<scalar_t>, G a power of two, K <= G <= 32) tiling
+// 16-byte aligned input and output (the uniform geometry), not centered. A warp's trip is K
+// loads of 32 consecutive vectors (load k of lane l: vector 32 k + l of the trip), each load
+// 32 / G whole blocks, the trip 32 K / G <= 32 of them:
+//  1. each lane loads its K vectors; the G lanes holding a block take its max by log2(G)
+//     shuffles;
+//  2. lane b < 32 K / G takes block b of the trip: its amax (one shuffle a load), its scale and
+//     the scale's reciprocal (Divisor, contract.h), made once a block rather than once a lane;
+//  3. each lane fetches its blocks' scale and reciprocal (two shuffles a load) and quantizes its
+//     vectors from registers, x / s as quotient_of (E8M0 scales: e8m0_quotient, exact), where
+//     every block of the trip is neither degenerate nor outside the divisor's fast range (one
+//     warp-wide vote); otherwise the trip again out of line (vector_trip_slow), with div_rn;
+//  4. stores its vectors, and gathers each load's mask bits by shuffles into the 32-bit words that
+//     a lane of each 32 / V stores (a load covers 32 V elements from a multiple of 32 V).
+// A trip past the end (n, a multiple of B, need not be one of 32 K V) leaves whole blocks of
+// lanes without vectors: they load, store and mark nothing, and their blocks do not vote.
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull>
+__device__ __noinline__ void vector_trip_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                              uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                              const LaunchGeometry& geo, const BlockRule<float>& rule, float g);
+
+// One trip of the warp from element `base`: kFull, all 32 K V elements in the tensor (every
+// lane holds K vectors, every mask word is whole); else the trip past the end, out of line.
+// kSlow: x / s by div_rn and degenerate blocks (vector_trip_slow, out of line), which the fast
+// trip hands a trip to when one of its blocks needs it.
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, bool kSlow = false>
+__device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                            uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                            const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
+  constexpr int V = kVec<scalar_t>;
+  constexpr int kLanesPerWord = 32 / V;
+  constexpr int64_t kLoad = int64_t{kWarpSize} * V;  // elements a load of the warp covers
+  const int G = geo.group_size;
+  const int shift = geo.group_shift;       // G = 2^shift
+  const int per_load = kWarpSize >> shift;  // blocks a load covers
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t first = base + static_cast<int64_t>(lane) * V;
+  // The loads this lane holds: all K but in the trip past the end.
+  const int loads = kFull ? K : static_cast<int>(min(int64_t{K}, (n - first + kLoad - 1) / kLoad));
+
+  Pack<float, V> in[K];
+  uint32_t amax[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    amax[k] = 0;
+    if (kFull || k < loads) {
+      in[k] = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + first + k * kLoad));
+#pragma unroll
+      for (int j = 0; j < V; ++j) amax[k] = max(amax[k], abs_bits(in[k].v[j]));
+    }
+  }
+  for (int lanes = 1; lanes < G; lanes *= 2) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) amax[k] = max(amax[k], __shfl_xor_sync(kFullWarp, amax[k], lanes));
+  }
+  // Block `lane` of the trip: load lane / per_load, lanes from (lane % per_load) * G.
+  uint32_t block_amax = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const uint32_t a = __shfl_sync(kFullWarp, amax[k], (lane & (per_load - 1)) << shift);
+    if ((lane >> (5 - shift)) == k) block_amax = a;
+  }
+  const float a = __uint_as_float(block_amax);
+  const float s = blockwise_scale<S>(a, geo.scale, g);
+  float reciprocal;
+  const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
+  if constexpr (S == BlockScale::kE8M0) {
+    reciprocal = e8m0_inverse(s);  // the product is exact, and E8M0 blocks are never degenerate
+  } else if constexpr (!kSlow) {
+    const Divisor d = make_divisor(s);
+    reciprocal = d.y;
+    if (__any_sync(kFullWarp, in_trip & (blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a)))) {
+      vector_trip_slow<scalar_t, F, S, K, kFull>(x, y, mask_words, n, base, geo, rule, g);
+      return;
+    }
+  } else {
+    reciprocal = 1.0f;
+  }
+
+  float sk[K], yk[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int owner = k * per_load + (lane >> shift);  // the lane that took this load's block
+    sk[k] = __shfl_sync(kFullWarp, s, owner);
+    yk[k] = __shfl_sync(kFullWarp, reciprocal, owner);
+  }
+  Pack<scalar_t, V> out[K];
+  unsigned bits[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    bits[k] = 0;
+    // (kSlow: this lane's blocks, from its group's amax)
+    const ScaleOf<float> b{sk[k], kSlow && blockwise_degenerate(__uint_as_float(amax[k]), sk[k], g, S), false, 0.0f};
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      unsigned bit;
+      const float xv = in[k].v[j];
+      float v;
+      if constexpr (kSlow) {
+        v = block_element<F>(xv, b, rule, bit);
+      } else {
+        const float xs = S == BlockScale::kE8M0 ? e8m0_quotient(xv, yk[k]) : quotient_of(xv, Divisor{sk[k], yk[k], true});
+        // kFinite: the fast trips divide finite blocks by fast divisors (above); an E8M0
+        // quotient is NaN only in a block holding NaN, whose scale is NaN (contract.h)
+        v = blockwise_value_of_quotient<F, true>(xs, sk[k], rule, bit);
+      }
+      out[k].v[j] = static_cast<scalar_t>(v);
+      bits[k] |= bit << j;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (kFull || k < loads) *reinterpret_cast<Pack<scalar_t, V>*>(y + first + k * kLoad) = out[k];
+  }
+  // Each load's bits (none where the lane holds no vector): the first lane of each 32 / V
+  // gathers theirs into the word it stores.
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!kFull && k >= loads) bits[k] = 0;
+#pragma unroll
+    for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits[k] |= __shfl_down_sync(kFullWarp, bits[k], s2) << (V * s2);
+    const int64_t w = (first + k * kLoad) / 32;
+    if (lane % kLanesPerWord == 0) {
+      if (kFull) {
+        mask_words[w] = bits[k];
+      } else if (k < loads) {
+        store_mask_word(mask_words, geo.mask_bytes, w, bits[k]);
+      }
+    }
+  }
+}
+
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull>
+__device__ __noinline__ void vector_trip_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                              uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                              const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
+  vector_trip<scalar_t, F, S, K, kFull, true>(x, y, mask_words, n, base, geo, rule, g);
+}
+
+template <typename scalar_t, Format F, BlockScale S, int K>
+__device__ __noinline__ void vector_trip_past_end(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                  uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                                  const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
+  vector_trip<scalar_t, F, S, K, false>(x, y, mask_words, n, base, geo, rule, g);
+}
+
+template <typename scalar_t, Format F, BlockScale S, int K>
+__global__ void __launch_bounds__(kThreads)
+    blockwise_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                            uint32_t* __restrict__ mask_words, int64_t n, const LaunchGeometry geo,
+                            const BlockRule<float> rule, const ParamPtr scale_amax) {
+  constexpr int64_t kTrip = int64_t{kWarpSize} * K * kVec<scalar_t>;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
+  const int64_t trips = (n + kTrip - 1) / kTrip;
+  const float g = S == BlockScale::kE4M3 ? global_scale(geo, scale_amax) : 1.0f;
+  for (int64_t t = warp; t < trips; t += nwarps) {  // the same for the whole warp
+    const int64_t base = t * kTrip;
+    if (base + kTrip <= n) {
+      vector_trip<scalar_t, F, S, K, true>(x, y, mask_words, n, base, geo, rule, g);
+    } else {
+      vector_trip_past_end<scalar_t, F, S, K>(x, y, mask_words, n, base, geo, rule, g);
+    }
+  }
+}
+
+// The max of m and of n over the thread block, in every thread: shuffles within each warp, then
+// the warps' through the block's shared words warp_amax and warp_neg (kWarpsPerBlock each),
+// which are free again when it returns. Every thread of the block calls it together.
+__device__ __forceinline__ void thread_block_max(uint32_t& m, uint32_t& n, uint32_t* warp_amax, uint32_t* warp_neg) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
+    m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
+    n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
+  }
+  if (lane == 0) {
+    warp_amax[warp] = m;
+    warp_neg[warp] = n;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarpsPerBlock; ++w) {
+    m = max(m, warp_amax[w]);
+    n = max(n, warp_neg[w]);
+  }
+  __syncthreads();  // warp_amax and warp_neg are written again for the next block
+}
+
+// Blocks of kLongBlock elements or more: thread block b takes blocks b,
+// b + gridDim.x, ...; its threads stride through the block twice (the max,
+// then the elements), one warp's 32 consecutive elements at a time.
+template <typename scalar_t, Format F>
+__global__ void __launch_bounds__(kThreads)
+    blockwise_long_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                          uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
+                          const BlockRule<compute_t<scalar_t>> rule, const ParamPtr scale_amax) {
+  using C = compute_t<scalar_t>;
+  FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
+  FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
+  const int t = threadIdx.x;
+  const int lane = t % kWarpSize;
+  const int warp = t / kWarpSize;
+  const float g = global_scale(geo, scale_amax);
+
+  for (int64_t blk = blockIdx.x; blk < geo.total_blocks; blk += gridDim.x) {  // the same for the whole block
+    int64_t start = 0, len = 0;
+    block_extent(geo, blk, start, len);
+
+    uint32_t m = 0, n = 0;
+    for (int64_t i = t; i < len; i += kThreads) reduce_keys(geo, static_cast<float>(x[start + i]), m, n);
+    thread_block_max(m, n, warp_amax, warp_neg);
+    const ScaleOf<C> b = block_scale<C>(geo, m, n, g);
+
+    for (int64_t base = 0; base < len; base += kThreads) {
+      const int64_t i = base + t;
+      unsigned bit = 0;
+      if (i < len) y[start + i] = static_cast<scalar_t>(block_element<F>(static_cast<C>(x[start + i]), b, rule, bit));
+      const unsigned ballot = __ballot_sync(kFullWarp, bit);
+      const int64_t first = base + static_cast<int64_t>(warp) * kWarpSize;  // the warp's first element
+      if (lane == 0 && first < len) {
+        if (geo.aligned_words) {
+          store_mask_word(mask_words, geo.mask_bytes, (start + first) / 32, ballot);
+        } else {
+          or_mask_bits(mask_words, start + first, ballot);
+        }
+      }
+    }
+  }
+}
+
+// Blocks of kLongBlock elements or more, whole multiples of 32 elements tiling aligned memory
+// (per token: whole rows): blockwise_long_kernel's passes in 16-byte vectors, a thread V
+// elements a step, and x / s as contract.h's quotient_of where the block's scale and amax are
+// in the fast division's range and the block is not degenerate (otherwise
+// long_vector_slow, out of line). kCentered: blocks quantized about their centre.
+template <typename scalar_t, Format F, bool kCentered>
+__device__ __noinline__ unsigned long_vector_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                  float s, bool degenerate, float center,
+                                                  const BlockRule<float> rule) {
+  constexpr int V = kVec<scalar_t>;
+  const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x);
+  Pack<scalar_t, V> out;
+  const ScaleOf<float> b{s, degenerate, kCentered, center};
+  unsigned bits = 0;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    unsigned bit;
+    out.v[j] = static_cast<scalar_t>(block_element<F>(static_cast<float>(in.v[j]), b, rule, bit));
+    bits |= bit << j;
+  }
+  *reinterpret_cast<Pack<scalar_t, V>*>(y) = out;
+  return bits;
+}
+
+// kHeld: blocks of at most kHeldSteps steps (kThreads * V * kHeldSteps elements: rows of up to
+// 8192 float32 or 16384 bfloat16 elements), each thread's vectors held in registers between the
+// passes, so that the block is read once; otherwise any length, read twice (the second time
+// from L2).
+constexpr int kHeldSteps = 8;
+
+template <typename scalar_t, Format F, bool kCentered, bool kHeld>
+__global__ void __launch_bounds__(kThreads)
+    blockwise_long_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                 uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
+                                 const BlockRule<float> rule, const ParamPtr scale_amax) {
+  constexpr int V = kVec<scalar_t>;
+  constexpr int kLanesPerWord = 32 / V;
+  constexpr int64_t kStep = int64_t{kThreads} * V;
+  FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
+  FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
+  const int t = threadIdx.x;
+  const int lane = t % kWarpSize;
+  const float g = global_scale(geo, scale_amax);
+  const int64_t len = geo.block_size;  // every block whole (the uniform geometry)
+  // the passes' steps: kHeldSteps (some past the end) or as many as the block needs
+  const int64_t steps = kHeld ? kHeldSteps : (len + kStep - 1) / kStep;
+
+  for (int64_t blk = blockIdx.x; blk < geo.total_blocks; blk += gridDim.x) {  // the same for the whole block
+    const int64_t start = blk * len;
+    Pack<scalar_t, V> held[kHeld ? kHeldSteps : 1];
+    uint32_t m = 0, n = 0;
+#pragma unroll
+    for (int64_t k = 0; k < steps; ++k) {
+      if (k * kStep >= len) break;  // (the whole thread block alike)
+      const int64_t i = k * kStep + int64_t{t} * V;
+      if (i < len) {
+        const Pack<scalar_t, V> raw = *reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i);
+        if constexpr (kHeld) held[k] = raw;
+        const Pack<float, V> in = to_floats(raw);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float v = in.v[j];
+          if constexpr (kCentered) {
+            m = max(m, order_key(v));
+            n = max(n, order_key(-v));
+          } else {
+            m = max(m, abs_bits(v));
+          }
+        }
+      }
+    }
+    thread_block_max(m, n, warp_amax, warp_neg);
+    float amax = __uint_as_float(m), center = 0.0f;
+    if constexpr (kCentered) {
+      const Centered cb = centered_block(m, n);
+      amax = cb.amax;
+      center = cb.center;
+    }
+    const float s = blockwise_scale(amax, geo.scale, g);
+    const bool degenerate = blockwise_degenerate(amax, s, g, geo.scale.kind);
+    const Divisor d = make_divisor(s);
+    const bool fast = !degenerate & d.fast & fast_dividend(amax);  // the same for the whole block
+
+#pragma unroll
+    for (int64_t k = 0; k < steps; ++k) {
+      if (k * kStep >= len) break;  // (the whole thread block alike)
+      const int64_t i = k * kStep + int64_t{t} * V;
+      unsigned bits = 0;
+      if (i < len) {
+        if (fast) {
+          const Pack<float, V> in =
+              to_floats(kHeld ? held[kHeld ? k : 0] : *reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i));
+          Pack<scalar_t, V> out;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            unsigned bit;
+            const float xv = in.v[j];
+            const float xc = kCentered ? sub_rn(xv, center) : xv;
+            const float v = blockwise_value_of_quotient<F, true>(quotient_of(xc, d), s, rule, bit);
+            out.v[j] = static_cast<scalar_t>(kCentered ? add_rn(v, center) : v);
+            bits |= bit << j;
+          }
+          *reinterpret_cast<Pack<scalar_t, V>*>(y + start + i) = out;
+        } else {
+          bits = long_vector_slow<scalar_t, F, kCentered>(x + start + i, y + start + i, s, degenerate, center, rule);
+        }
+      }
+      // The first lane of each 32 / V gathers their bits into the word it stores (a block is
+      // whole words: its length is a multiple of 32).
+#pragma unroll
+      for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s2) << (V * s2);
+      if (lane % kLanesPerWord == 0 && i < len) mask_words[(start + i) / 32] = bits;
+    }
+  }
+}
+
+int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v && p < kWarpSize) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+template <typename scalar_t>
+void blockwise_typed(const BlockwiseJob& job) {
+  const int64_t n = job.x.numel();
+  LaunchGeometry geo{};
+  static_cast<BlockGeometry&>(geo) = job.geometry;
+  const bool uniform = geo.blocks_per_row == 1 && geo.row_len == geo.block_size;
+  const bool long_blocks = geo.block_size >= kLongBlock;
+  geo.total_blocks = n / geo.row_len * geo.blocks_per_row;
+  geo.mask_bytes = packed_mask_bytes(n);
+  geo.group_size = next_pow2(geo.block_size);
+  geo.iterations = static_cast<int>(
+      std::min<int64_t>((geo.block_size + geo.group_size - 1) / geo.group_size, INT32_MAX));
+  geo.aligned_words = uniform && (geo.block_size % kWarpSize == 0 || kWarpSize % geo.block_size == 0);
+  geo.scale = job.scale;
+  geo.centered = job.centered;
+
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  // Whole words straight into the mask (a fresh allocation, aligned for them),
+  // or or-ed into zeroed scratch words.
+  at::Tensor scratch;
+  uint32_t* words = nullptr;
+  if (geo.aligned_words) {
+    words = static_cast<uint32_t*>(job.mask.mutable_data_ptr());
+    TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(words) % alignof(uint32_t) == 0);
+  } else {
+    scratch = job.x.new_zeros({(n + 31) / 32}, job.x.options().dtype(at::kInt));
+    words = reinterpret_cast<uint32_t*>(scratch.mutable_data_ptr<int32_t>());
+  }
+
+  const int64_t groups_per_warp = kWarpSize / geo.group_size;
+  const int64_t warp_steps = (geo.total_blocks + groups_per_warp - 1) / groups_per_warp;
+  const unsigned blocks = long_blocks ? grid_for(geo.total_blocks * kWarpsPerBlock, job.x.get_device())
+                                      : grid_for(warp_steps, job.x.get_device());
+
+  [&] {  // (a lambda: its returns skip to the mask copy below)
+    using C = compute_t<scalar_t>;
+    const BlockRule<C> rule{static_cast<C>(job.rule.quant_min), static_cast<C>(job.rule.quant_max),
+                            static_cast<C>(job.rule.float_limit)};
+    const scalar_t* xp = job.x.const_data_ptr<scalar_t>();
+    scalar_t* yp = job.y.mutable_data_ptr<scalar_t>();
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      constexpr int V = kVec<scalar_t>;
+      // Both vector kernels store whole words into the mask (`words`): their blocks are
+      // multiples of 32 or powers of two in the uniform geometry, so aligned_words holds.
+      if (long_blocks && uniform && geo.block_size % kWarpSize == 0 && aligned16(xp) && aligned16(yp)) {
+        with_blockwise_format(job.format, [&](auto format_tag) {
+          constexpr Format F = decltype(format_tag)::value;
+          const bool held = geo.block_size <= int64_t{kThreads} * V * kHeldSteps;
+          auto* kernel = geo.centered ? (held ? &blockwise_long_vector_kernel<scalar_t, F, true, true>
+                                              : &blockwise_long_vector_kernel<scalar_t, F, true, false>)
+                                      : (held ? &blockwise_long_vector_kernel<scalar_t, F, false, true>
+                                              : &blockwise_long_vector_kernel<scalar_t, F, false, false>);
+          launch_kernel(kernel, blocks, stream, xp, yp, words, geo, rule, job.scale_amax);
+        });
+        return;
+      }
+      const int64_t lanes = geo.block_size / V;  // vectors a block
+      if (uniform && !geo.centered && geo.block_size % V == 0 && lanes >= 2 && lanes <= kWarpSize &&
+          (lanes & (lanes - 1)) == 0 && aligned16(xp) && aligned16(yp) &&
+          (geo.scale.kind != BlockScale::kE4M3 || job.format == Format::kE2M1)) {
+        geo.group_size = static_cast<int>(lanes);
+        while ((1 << geo.group_shift) < geo.group_size) ++geo.group_shift;
+        const int K = static_cast<int>(std::min<int64_t>(lanes, 8));
+        const unsigned vector_blocks = grid_for((n + kWarpSize * K * V - 1) / (kWarpSize * K * V), job.x.get_device());
+        auto launch = [&](auto kernel) {
+          launch_kernel(kernel, vector_blocks, stream, xp, yp, words, n, geo, rule, job.scale_amax);
+        };
+        with_blockwise_format(job.format, [&](auto format_tag) {
+          constexpr Format F = decltype(format_tag)::value;
+          auto with_k = [&](auto scale_tag) {
+            constexpr BlockScale S = decltype(scale_tag)::value;
+            if (K == 2) launch(&blockwise_vector_kernel<scalar_t, F, S, 2>);
+            else if (K == 4) launch(&blockwise_vector_kernel<scalar_t, F, S, 4>);
+            else launch(&blockwise_vector_kernel<scalar_t, F, S, 8>);
+          };
+          if (geo.scale.kind == BlockScale::kE8M0) {
+            with_k(std::integral_constant<BlockScale, BlockScale::kE8M0>{});
+          } else if (geo.scale.kind == BlockScale::kFloat32) {
+            with_k(std::integral_constant<BlockScale, BlockScale::kFloat32>{});
+          } else if constexpr (F == Format::kE2M1) {
+            with_k(std::integral_constant<BlockScale, BlockScale::kE4M3>{});
+          }
+        });
+        return;
+      }
+    }
+    with_blockwise_format(job.format, [&](auto format_tag) {
+      constexpr Format F = decltype(format_tag)::value;
+      auto* kernel = long_blocks            ? &blockwise_long_kernel<scalar_t, F>
+                     : geo.iterations == 1 ? &blockwise_kernel<scalar_t, F, 1>
+                     : geo.iterations <= 4 ? &blockwise_kernel<scalar_t, F, 4>
+                                           : &blockwise_kernel<scalar_t, F, 0>;
+      launch_kernel(kernel, blocks, stream, xp, yp, words, geo, rule, job.scale_amax);
+    });
+  }();
+  if (!geo.aligned_words) job.mask.copy_(scratch.view(at::kByte).narrow(0, 0, geo.mask_bytes));
+}
+
+FAKEQUANT_EXTERN_PER_DTYPE(blockwise_typed, BlockwiseJob);
+
+}  // namespace gpu
+}  // namespace fakequant

@@ -1,0 +1,10 @@
+// The block-wise kernels for double inputs (blockwise.cuh; float32 and the dispatch: blockwise.cu).
+#include "blockwise.cuh"
+
+namespace fakequant {
+namespace gpu {
+
+template void blockwise_typed<double>(const BlockwiseJob& job);
+
+}  // namespace gpu
+}  // namespace fakequant
