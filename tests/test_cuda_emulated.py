@@ -248,6 +248,42 @@ def test_quantize_channels_innermost(dtype, sms, monkeypatch):
     cpu_and_cuda("fake_quantize_affine", nchw, scale, torch.zeros(16, dtype=torch.int32), 1, -128, 127, True)
 
 
+@pytest.mark.parametrize("sms", [1, 132])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_quantize_rows_in_shared_memory(dtype, sms, monkeypatch):
+    # Parameters that are one a run of the innermost dimension (quantize_rows_kernel: each
+    # tile's rows made into shared memory): static blocks of 32 (a calibrated amax a block), runs
+    # of 12 and 36 (rows across the tiles' ends), 1000 and 4096; runs of 8 float32 elements (more
+    # rows in a tile than threads: the table) and of 30 (not whole vectors: the table); three
+    # dimensions (channels of NCHW); amax zero, under 2^-24, NaN and infinite (NaN outputs,
+    # mask 0, check_values=False) and scales outside the fast division's range among the rows;
+    # specials among the elements; the tail after the last whole tile; a grid of 16 blocks
+    # (many tiles a block, both shared buffers) and a full one; packed, bool and no mask.
+    monkeypatch.setenv("FAKEQUANT_SIMT_SMS", str(sms))
+    amaxes = torch.tensor([2.5, 0.0, 1e-30, 0.7, float("nan"), 3e-3, 2.0**70, float("inf"), 2.0**-70, 40.0, 1.5])
+    for shape in [(3000, 32), (701, 12), (300, 36), (23, 1000), (5, 4096), (3000, 8), (401, 30), (3, 16, 8, 12)]:
+        x = shaped(shape, torch.float64)
+        flat = x.view(-1)
+        for i, v in enumerate([2.0**60, -(2.0**61), 3e38, 1e-45, 0.0, -0.0]):
+            flat[(1237 * i + 5) % flat.numel()] = v
+        x = x.to(dtype)
+        axis = 1 if x.dim() == 4 else 0
+        c = x.shape[axis]
+        view = [1] * x.dim()
+        view[axis] = c
+        amax = amaxes.repeat(c // len(amaxes) + 1)[:c].reshape(view)
+        cpu_and_cuda("fake_quantize_amax", x, amax, 8, False, True, False)
+        cpu_and_cuda("quantize_amax", x, amax, 4, False, True, False)
+        cpu_and_cuda("fake_quantize_fp8", x, amax, 4, 3, False)
+        finite = torch.where(amax.isfinite() & (amax > 0), amax, 1.0)
+        scale = (finite / 127).flatten()
+        zp = torch.arange(c, dtype=torch.int32) % 5 - 2
+        for pack in (True, False):
+            cpu_and_cuda("fake_quantize_affine", x, scale, zp, axis, -128, 127, pack)
+        cpu_and_cuda("fake_quantize_lsq", x, scale, zp.float(), axis, -128, 127, 1.0)
+        cpu_and_cuda("fake_quantize_min_max", x, -finite, finite * 0.75, 8)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_quantize_broadcast_amax(layout, dtype):

@@ -37,7 +37,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,6 +65,21 @@ class Kernel:
 _DTYPES = [("float32", "float", 4), ("bfloat16", "c10::BFloat16", 2)]
 
 
+def _rows_pattern(ctype: str, size: int) -> Callable[[str, str], Tuple[str, int]]:
+    def pattern(window: str, family: str) -> Tuple[str, int]:
+        return (rf"quantize_rows_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, \(fakequant::Output\)0, "
+                rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, fakequant::{family}>", 2 * 16 // size)
+    return pattern
+
+
+def _table_pattern(ctype: str, size: int) -> Callable[[str], Tuple[str, int]]:
+    def pattern(window: str) -> Tuple[str, int]:
+        return (rf"quantize_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, \(fakequant::Output\)0, "
+                rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, "
+                rf"fakequant::gpu::TableParams<float>", 2 * 16 // size)
+    return pattern
+
+
 def _quantize_kernels() -> List[Kernel]:
     """quantize_kernel<scalar_t, Format, Output, Window, MaskOut, Params> (kernels.cuh):
     Format 0 is int, 4 E4M3; Output 0 fake; Window 0 the quantization range, 1 the input, 2
@@ -74,14 +89,20 @@ def _quantize_kernels() -> List[Kernel]:
     cases = [("per-tensor amax int8", 0, "[12]", "UniformParams<float, fakequant::AmaxFamily>"),
              ("per-tensor affine", 0, "0", "UniformParams<float, fakequant::AffineFamily>"),
              ("per-tensor min/max", 0, "1", "UniformParams<float, fakequant::MinMaxFamily>"),
-             ("per-tensor FP8 E4M3", 4, "[12]", "UniformParams<float, fakequant::AmaxFamily>"),
-             ("per-channel affine", 0, "0", "TableParams<float>")]
+             ("per-tensor FP8 E4M3", 4, "[12]", "UniformParams<float, fakequant::AmaxFamily>")]
     out = []
     for dname, ctype, size in _DTYPES:
         for label, fmt, window, params in cases:
             pattern = (rf"quantize_kernel<{re.escape(ctype)}, \(fakequant::Format\){fmt}, \(fakequant::Output\)0, "
                        rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, fakequant::gpu::{re.escape(params)}")
             out.append(Kernel(f"{label}, {dname}", [(pattern, 2 * 16 // size)], 2 * size))
+        # per channel where each run of the innermost dimension shares a channel: the rows'
+        # constants in shared memory (quantize_rows_kernel) since issue 36, a table before
+        rows, table = _rows_pattern(ctype, size), _table_pattern(ctype, size)
+        out.append(Kernel(f"per-channel affine, {dname}", [rows("0", "AffineFamily"), table("0")], 2 * size))
+        out.append(Kernel(f"per-channel amax int8 (static blocks of 32), {dname}",
+                          [rows("[12]", "AmaxFamily"), table("[12]")], 2 * size))
+        out.append(Kernel(f"per-channel affine, other layouts (a table), {dname}", [table("0")], 2 * size))
         # the last axis per channel (channels innermost): its kernel since issue 36
         out.append(Kernel(f"per-channel affine, last axis, {dname}",
                           [(rf"quantize_innermost_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, "

@@ -117,6 +117,12 @@ struct ShortLayout {
   bool applies;
   Divider32 inner, mid;
   uint32_t step, mid_stride, outer_stride;
+
+  // The entry of row r's first element (its column 0).
+  __device__ __forceinline__ uint32_t row_entry(uint32_t r) const {
+    const uint32_t outer = mid.div(r);
+    return (r - outer * mid.d) * mid_stride + outer * outer_stride;
+  }
 };
 
 template <typename C>
@@ -164,9 +170,8 @@ struct TableLookup {
   __device__ __forceinline__ uint32_t locate_short(uint32_t e, uint32_t& col32, uint32_t& entry) const {
     const ShortLayout& L = p.short_layout;
     const uint32_t r = L.inner.div(e);
-    const uint32_t outer = L.mid.div(r);
     col32 = e - r * L.inner.d;
-    entry = (r - outer * L.mid.d) * L.mid_stride + outer * L.outer_stride + col32 * L.step;
+    entry = L.row_entry(r) + col32 * L.step;
     return r;
   }
   __device__ __forceinline__ bool short_layout() const { return p.short_layout.applies; }
@@ -189,8 +194,43 @@ struct TableLookup {
   }
 };
 
+// Per channel without a table (quantize_rows_kernel): layouts whose innermost run shares one
+// parameter (a ShortLayout with step 0: weights per output channel, NCHW activations per
+// channel, a calibrated amax per block), each row's constants made from the parameters where
+// they are used. RowLookup serves an element at a time (the scalar tail).
+template <typename Family>
+struct RowParams {
+  Family family;
+  ShortLayout layout;
+
+  __device__ __forceinline__ Consts<float> row_consts(uint32_t r) const {
+    return with_divisor(family.template make<float>(layout.row_entry(r)));
+  }
+};
+
+template <typename Family>
+struct RowLookup {
+  const RowParams<Family>& p;
+  uint32_t row = 0, loaded = 0xffffffffu;  // no row has that index: fewer than 2^31 elements
+  Consts<float> c;
+
+  __device__ explicit RowLookup(const RowParams<Family>& params) : p(params) {}
+  __device__ __forceinline__ void seek(int64_t e) { row = p.layout.inner.div(static_cast<uint32_t>(e)); }
+  __device__ __forceinline__ const Consts<float>& get(int) {  // V == 1: one element a seek
+    if (row != loaded) {
+      c = p.row_consts(row);
+      loaded = row;
+    }
+    return c;
+  }
+};
+
 template <typename Params>
 struct LookupFor;
+template <typename Family>
+struct LookupFor<RowParams<Family>> {
+  using type = RowLookup<Family>;
+};
 template <typename C, typename Family>
 struct LookupFor<UniformParams<C, Family>> {
   using type = UniformLookup<C>;
@@ -510,6 +550,73 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t v = tid; v - lane < n / V; v += 2 * threads) {
     quantize_lane_innermost<V, F, O, W, M>(x, y, mask, v * V, n, c, fast, params, lane);
     quantize_lane_innermost<V, F, O, W, M>(x, y, mask, (v + threads) * V, n, c, fast, params, lane);
+  }
+}
+
+// --- per channel, each tile's rows in shared memory ------------------------------------------
+// RowParams' layouts (step 0), rows a multiple of V elements, input and output aligned for
+// vectors. A thread block walks tiles of kRowsTile elements (two vectors a thread, the second
+// kThreads vectors after the first, consecutive lanes on consecutive vectors); the tile's first
+// threads make the constants of its rows (at most kThreads: rows_kernel_applies, quantize.cuh)
+// into shared memory, one a thread, and each vector reads its row's there: no table in global
+// memory and no kernel to make one, where a table entry (32 bytes) a row of 32 elements would
+// add a quarter (float32) or half (bfloat16) to the bytes moved, and every row's constants cost
+// one thread once instead of every vector's lane. Two buffers, so one barrier a tile: a tile
+// writes the buffer that the tile before the last read, and every thread passed the last
+// tile's barrier after its reads. Then [n_vec, n) an element a lane (RowLookup).
+template <typename scalar_t>
+constexpr int64_t kRowsTile = int64_t{2} * kThreads * kVec<scalar_t>;
+
+// Row r's constants into *dst: out of line, since only the tile's first threads run it (the
+// warps past the tile's rows skip it whole).
+template <typename Family>
+__device__ __noinline__ void make_row(Consts<float>* dst, const RowParams<Family>& params, uint32_t r) {
+  *dst = params.row_consts(r);
+}
+
+template <int V, Format F, Output O, Window W, MaskOut M, typename scalar_t>
+__device__ __forceinline__ void quantize_lane_row(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                  uint8_t* __restrict__ mask, int64_t e0, int64_t n,
+                                                  const Consts<float>& c, int lane) {
+  const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
+  unsigned bits;
+  if (!quantize_vector_one<V, F, O, W>(y + e0, in, c, divisor_of(c), bits)) {
+    bits = quantize_vector_slow<V, F, O, W>(x + e0, y + e0, c.scale, c.lo, c.hi, c.zero_point, c.window_lo,
+                                            c.window_hi);
+  }
+  if constexpr (M == MaskOut::kBool) store_bool_mask<V>(mask + e0, bits);
+  store_packed_mask<V, M>(mask, e0, n, bits, lane);
+}
+
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Family>
+__global__ void __launch_bounds__(kThreads)
+    quantize_rows_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                         uint8_t* __restrict__ mask, int64_t n, int64_t n_vec,
+                         const __grid_constant__ RowParams<Family> params) {
+  constexpr int V = kVec<scalar_t>;
+  constexpr auto kTile = static_cast<uint32_t>(kRowsTile<scalar_t>);
+  FQ_SHARED(Consts<float>, rows, 2 * kThreads);
+  const Divider32& inner = params.layout.inner;
+  const int lane = threadIdx.x % kWarpSize;
+  const auto tiles = static_cast<uint32_t>(n_vec / kTile);  // n < 2^31
+  uint32_t buffer = 0;
+  for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x, buffer ^= kThreads) {
+    const uint32_t t0 = t * kTile;
+    const uint32_t first = inner.div(t0);
+    if (threadIdx.x <= inner.div(t0 + kTile - 1) - first) make_row(rows + buffer + threadIdx.x, params, first + threadIdx.x);
+    __syncthreads();
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint32_t e0 = t0 + (h * kThreads + threadIdx.x) * V;
+      quantize_lane_row<V, F, O, W, M>(x, y, mask, e0, n, rows[buffer + inner.div(e0) - first], lane);
+    }
+  }
+  RowLookup<Family> lookup(params);
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
+  const int64_t scalar_tiles = (n - n_vec + kWarpSize - 1) / kWarpSize;
+  for (int64_t t = warp; t < scalar_tiles; t += nwarps) {
+    quantize_lane<1, F, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, params, lane);
   }
 }
 

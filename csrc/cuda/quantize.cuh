@@ -30,6 +30,32 @@ int64_t innermost_threads(const ParamLayout& layout, int64_t n, int device) {
   return period * std::max<int64_t>(1, std::min(most / period, wanted));
 }
 
+// Whether quantize_rows_kernel (kernels.cuh) takes the layout: float compute, a short layout
+// whose innermost run shares one parameter (step 0) and is a multiple of V long, at most
+// kThreads rows in any tile, and input, output and a bool mask aligned for vectors.
+template <typename scalar_t, MaskOut M>
+bool rows_kernel_applies(const QuantizeJob& job, const ShortLayout& layout) {
+  constexpr int V = kVec<scalar_t>;
+  if (!std::is_same_v<compute_t<scalar_t>, float> || !layout.applies || layout.step != 0) return false;
+  const int64_t inner = layout.inner.d;
+  // a tile's rows: at most kRowsTile / inner + 2 (a partial row at each end)
+  if (inner % V != 0 || kRowsTile<scalar_t> / inner + 2 > kThreads) return false;
+  return aligned16(job.x.const_data_ptr()) && aligned16(job.y.const_data_ptr()) &&
+         (M != MaskOut::kBool || reinterpret_cast<uintptr_t>(job.mask.const_data_ptr()) % V == 0);
+}
+
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Family>
+void launch_quantize_rows(const QuantizeJob& job, const RowParams<Family>& params) {
+  constexpr int64_t kTile = kRowsTile<scalar_t>;
+  const int64_t n = job.x.numel();
+  const int64_t n_vec = n / kTile * kTile;
+  const int64_t warp_tiles = std::max(n_vec / kTile * kWarpsPerBlock, (n - n_vec + kWarpSize - 1) / kWarpSize);
+  auto* mp = M == MaskOut::kNone ? nullptr : static_cast<uint8_t*>(job.mask.mutable_data_ptr());
+  launch_kernel(&quantize_rows_kernel<scalar_t, F, O, W, M, Family>, grid_for(warp_tiles, job.x.get_device()),
+                at::cuda::getCurrentCUDAStream(), job.x.const_data_ptr<scalar_t>(),
+                job.y.mutable_data_ptr<scalar_t>(), mp, n, n_vec, params);
+}
+
 template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Params>
 void launch_quantize(const QuantizeJob& job, const Params& params) {
   constexpr int V = kVec<scalar_t>;
@@ -73,6 +99,13 @@ void quantize_typed(const QuantizeJob& job) {
       launch_quantize<scalar_t, F, O, W, M>(job, UniformParams<C, Family>{family});
       return;
     }
+    const ShortLayout rows = short_layout(job.layout, job.x.numel());
+    if constexpr (std::is_same_v<C, float>) {
+      if (rows_kernel_applies<scalar_t, M>(job, rows)) {
+        launch_quantize_rows<scalar_t, F, O, W, M>(job, RowParams<Family>{family, rows});
+        return;
+      }
+    }
     const int64_t count = job.num_params;
     const int64_t bytes = count * static_cast<int64_t>(sizeof(Consts<C>));
     at::Tensor table = job.y.new_empty({bytes}, job.y.options().dtype(at::kByte));
@@ -83,8 +116,7 @@ void quantize_typed(const QuantizeJob& job) {
     // The caching allocator orders any reuse of `table` after this
     // stream's queued kernels, so it may be freed when this returns.
     launch_quantize<scalar_t, F, O, W, M>(
-        job, TableParams<C>{tp, device_layout(job.layout, job.x.numel()), small_index(job.x.numel()),
-                            short_layout(job.layout, job.x.numel())});
+        job, TableParams<C>{tp, device_layout(job.layout, job.x.numel()), small_index(job.x.numel()), rows});
   });
 }
 
