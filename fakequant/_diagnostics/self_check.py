@@ -22,6 +22,10 @@ def _cases(device, dtype, gen):
     zp = torch.randint(0, 20, (33,), generator=gen, dtype=torch.int32).to(device)
     amax = torch.rand(257, 1, generator=gen).to(device) * 3
     s1, z1, a0, a1 = scale[:1], zp[:1], amax[0, 0], amax[1, 0]
+    # static blocks of 32 (an amax a block): on CUDA, the rows' constants in shared memory over
+    # several tiles and a tail (quantize_rows_kernel), where xc's runs of 33 take the table
+    xs = x[: 264 * 32].view(264, 32)
+    amax_s = torch.rand(264, 1, generator=gen).to(device) * 3
     yield ("affine per-tensor", lambda t: fakequant.fake_quantize_affine(t, s1, z1, None, -128, 127),
            lambda t: ref.fake_quantize_affine(t, s1, z1, None, -128, 127), x)
     yield ("affine per-channel", lambda t: fakequant.fake_quantize_affine(t, scale, zp, 1, 0, 255),
@@ -29,6 +33,8 @@ def _cases(device, dtype, gen):
     yield ("amax per-tensor", lambda t: fakequant.fake_quantize_amax(t, a0), lambda t: ref.fake_quantize_amax(t, a0), x)
     yield ("amax per-channel 4-bit", lambda t: fakequant.fake_quantize_amax(t, amax, 4, True, False),
            lambda t: ref.fake_quantize_amax(t, amax, 4, True, False), xc)
+    yield ("amax static blocks of 32", lambda t: fakequant.fake_quantize_amax(t, amax_s),
+           lambda t: ref.fake_quantize_amax(t, amax_s), xs)
     yield ("quantize", lambda t: fakequant.quantize_amax(t, a1, 8, False, False)[0],
            lambda t: ref.quantize_amax(t, a1, 8, False, False), x)
     yield ("min/max", lambda t: fakequant.fake_quantize_min_max(t, -amax[2, 0], amax[3, 0]),
