@@ -30,18 +30,25 @@ int64_t innermost_threads(const ParamLayout& layout, int64_t n, int device) {
   return period * std::max<int64_t>(1, std::min(most / period, wanted));
 }
 
-// Whether quantize_rows_kernel (kernels.cuh) takes the layout: float compute, a short layout
-// whose innermost run shares one parameter (step 0) and is a multiple of V long, at most
-// kThreads rows in any tile, and input, output and a bool mask aligned for vectors.
+// Whether input, output and a bool mask are aligned for vector accesses of V elements
+// (y and the mask are fresh allocations; input may be a view at any offset).
+template <int V, MaskOut M>
+bool vector_aligned(const void* x, const void* y, const void* mask) {
+  return aligned16(x) && aligned16(y) && (M != MaskOut::kBool || reinterpret_cast<uintptr_t>(mask) % V == 0);
+}
+
+// Whether quantize_rows_kernel (kernels.cuh) takes the layout (float compute: the caller's): a
+// short layout whose innermost run shares one parameter (step 0) and is a multiple of V long,
+// at most kThreads rows in any tile, and the tensors aligned for vectors.
 template <typename scalar_t, MaskOut M>
 bool rows_kernel_applies(const QuantizeJob& job, const ShortLayout& layout) {
   constexpr int V = kVec<scalar_t>;
-  if (!std::is_same_v<compute_t<scalar_t>, float> || !layout.applies || layout.step != 0) return false;
+  if (!layout.applies || layout.step != 0) return false;
   const int64_t inner = layout.inner.d;
   // a tile's rows: at most kRowsTile / inner + 2 (a partial row at each end)
   if (inner % V != 0 || kRowsTile<scalar_t> / inner + 2 > kThreads) return false;
-  return aligned16(job.x.const_data_ptr()) && aligned16(job.y.const_data_ptr()) &&
-         (M != MaskOut::kBool || reinterpret_cast<uintptr_t>(job.mask.const_data_ptr()) % V == 0);
+  return vector_aligned<V, M>(job.x.const_data_ptr(), job.y.const_data_ptr(),
+                              M == MaskOut::kNone ? nullptr : job.mask.const_data_ptr());
 }
 
 template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Family>
@@ -63,10 +70,7 @@ void launch_quantize(const QuantizeJob& job, const Params& params) {
   const scalar_t* xp = job.x.const_data_ptr<scalar_t>();
   scalar_t* yp = job.y.mutable_data_ptr<scalar_t>();
   auto* mp = M == MaskOut::kNone ? nullptr : static_cast<uint8_t*>(job.mask.mutable_data_ptr());
-  // Vector accesses where input, output and a bool mask are aligned for them
-  // (y and the mask are fresh allocations; input may be a view at any offset).
-  const bool vectorised = aligned16(xp) && aligned16(yp) &&
-                          (M != MaskOut::kBool || reinterpret_cast<uintptr_t>(mp) % V == 0);
+  const bool vectorised = vector_aligned<V, M>(xp, yp, mp);
   if constexpr (std::is_same_v<Params, TableParams<float>>) {
     const int64_t threads = vectorised ? innermost_threads<V>(job.layout, n, job.x.get_device()) : 0;
     if (threads > 0) {
