@@ -10,6 +10,12 @@
 //   divisor_check integers COUNT SEED  divider.h's Divider32 against n / d: COUNT random n
 //                                      and the multiples of d (and their neighbours) of many d
 //   divisor_check every-integer D...   every n below 2^31 for each divisor D
+//   divisor_check scales COUNT SEED    blockwise_scale with Divisors of elem_max and g (the
+//                                      CUDA vector kernels) against div_rn's: COUNT random
+//                                      amax for each pair
+//   divisor_check inside               every float32 strictly between a small float format's
+//                                      max and its saturation limit: the kInside rounding and
+//                                      element (no saturation, mask 1) against the full ones
 //
 // Prints "checked N quotients" and exits 0, or prints the first counterexample and exits 1.
 #include <cinttypes>
@@ -122,6 +128,45 @@ std::vector<float> divisors(std::mt19937_64& rng) {
   return out;
 }
 
+// One amax of a block: with D = Divisor, the same scale wherever the div_rn scale's block is
+// not degenerate and amax is a fast dividend, and degenerate exactly where that one is.
+template <BlockScale K>
+void check_scale(float amax, const BlockScaleRule& r, float g) {
+  const Divisor e = make_divisor(r.elem_max), d = make_divisor(g);
+  if (!(e.fast && d.fast && fast_dividend(amax))) return;
+  const float want = blockwise_scale<K>(amax, r, g);
+  const float got = blockwise_scale<K>(amax, r, e, d);
+  const bool degenerate = blockwise_degenerate(amax, want, g, K);
+  if (degenerate != blockwise_degenerate(amax, got, g, K)) fail("degenerate block", amax, g, got, want);
+  if (!degenerate && !same_bits(got, want)) fail("block scale", amax, g, got, want);
+}
+
+// The kInside rule of one format at v: what the full rule gives, the mask bit 1.
+template <Format F>
+void check_inside(float v) {
+  const BlockRule<float> rule{-127.0f, 127.0f, saturation_limit(float_format_of<F>())};
+  unsigned ma = 0, mb = 0;
+  const float a = blockwise_value_of_quotient<F, true, true>(v, 0.75f, rule, ma);
+  const float b = blockwise_value_of_quotient<F>(v, 0.75f, rule, mb);
+  if (!same_bits(a, b) || ma != mb || ma != 1) fail("inside element", v, 0.75f, a, b);
+  const float c = round_to_format_grid(v, float_format_of<F>()), d = round_to_format(v, float_format_of<F>());
+  if (!same_bits(c, d)) fail("inside rounding", v, 1.0f, c, d);
+}
+
+// Every float32 strictly between max and the saturation limit, both signs, and a few around
+// zero and max; returns how many.
+template <Format F>
+uint64_t check_inside_range() {
+  const FloatFormat f = float_format_of<F>();
+  uint64_t n = 0;
+  for (uint32_t b = bits_of(std::nextafter(f.max, INFINITY)); float_of(b) < saturation_limit(f); ++b, ++n) {
+    check_inside<F>(float_of(b));
+    check_inside<F>(-float_of(b));
+  }
+  for (const float v : {0.0f, -0.0f, 0x1p-149f, f.max, 0.3f * f.max}) check_inside<F>(v);
+  return 2 * n + 5;
+}
+
 // Divider32 against the division, for one n.
 inline void check_integer(uint32_t n, const Divider32& v) {
   if (v.div(n) != n / v.d && failures++ == 0) {
@@ -192,6 +237,29 @@ int main(int argc, char** argv) {
       for (uint32_t n = 0; n < 0x80000000u && !failures; ++n) check_integer(n, v);
       checked += uint64_t{1} << 31;
     }
+  } else if (std::strcmp(argv[1], "scales") == 0 && argc == 4) {
+    const uint64_t count = std::strtoull(argv[2], nullptr, 10);
+    std::mt19937_64 rng(std::strtoull(argv[3], nullptr, 10));
+    std::uniform_real_distribution<double> exponent(-64.0, 64.0);
+    // per-tensor scales: NVFP4's of amax 0.731, 1, the fast range's ends, NaN, 0 and random
+    std::vector<float> gs = {0.731f / (6.0f * 448.0f), 1.0f, 0x1p-60f, 0x1p60f, 0.0f, std::numeric_limits<float>::quiet_NaN()};
+    for (int i = 0; i < 20; ++i) gs.push_back(static_cast<float>(std::exp2(exponent(rng))));
+    for (const float elem_max : {6.0f, 7.5f, 28.0f, 448.0f, 57344.0f, 7.0f, 127.0f, 32767.0f}) {
+      const BlockScaleRule r{BlockScale::kE4M3, elem_max, 0};
+      for (const float g : gs) {
+        for (uint64_t i = 0; i < count; ++i) {
+          // log-uniform amax, and random bit patterns (every exponent, NaN, inf)
+          const float amax = i % 2 ? static_cast<float>(std::exp2(exponent(rng))) : float_of(static_cast<uint32_t>(rng() >> 33));
+          check_scale<BlockScale::kE4M3>(amax, r, g);
+          check_scale<BlockScale::kFloat32>(amax, r, g);
+        }
+        checked += 2 * count;
+      }
+    }
+  } else if (std::strcmp(argv[1], "inside") == 0) {
+    checked += check_inside_range<Format::kE2M1>() + check_inside_range<Format::kE3M2>() +
+               check_inside_range<Format::kE2M3>() + check_inside_range<Format::kE4M3>() +
+               check_inside_range<Format::kE5M2>();
   } else {
     return 2;
   }

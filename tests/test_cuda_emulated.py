@@ -35,6 +35,7 @@ import textwrap
 import pytest
 import torch
 
+import fakequant
 import op_table
 from conftest import DTYPES, assert_same
 
@@ -461,6 +462,31 @@ def test_blockwise_vectors_grid_steps(dtype):
     rows = 5 * 128 * vector_trip(16, dtype) // (2 * 16) + 3
     x = vector_blocks(rows, 16, dtype, 0)
     blockwise(x, 16, "nvfp4")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_blockwise_vectors_inside_the_limit(dtype):
+    # NVFP4 with scale_amax = 6 * 448 (the per-tensor scale g = 1, block scales plain E4M3 values):
+    # trips whose blocks all have RN(amax / s) below E2M1's saturation limit 7 take the kernel's
+    # rule without saturation or mask tests (Trip::kFast's inside trips); a trip with one block
+    # at or past it takes the full rule (Trip::kSaturating). Each trip below but the first holds
+    # one such block: amax 7 * 2^-8, whose subnormal E4M3 scale 2^-8 puts its largest quotient
+    # on the limit itself (7: saturates to 6, where the grid alone would give 8); amax 5000,
+    # above scale_amax (scale clamped to 448, quotients past 7: mask bits 0); amax 0.028, a
+    # subnormal scale again (2 * 2^-9: quotient 7.2).
+    per_trip = vector_trip(16, dtype) // 16
+    x = data(4 * per_trip * 16, dtype, spread=1.0).reshape(4 * per_trip, 16).nan_to_num(0.0, 0.0, 0.0)
+    x[:, 0] = 2.0  # (every block's amax at least 2: scales well inside E4M3's normal range)
+    for trip, top in ((1, 7 * 2**-8), (2, 5000.0), (3, 0.028)):
+        block = x[trip * per_trip + 5]
+        block.copy_(torch.linspace(-top, top, 16, dtype=torch.float64).to(dtype))
+    scale_amax = torch.tensor([6.0 * 448.0])
+    y, mask = cpu_and_cuda("fake_quantize_blockwise", x, 16, 4, False, True, 2, scale_amax, True, False, False)
+    bits = fakequant.unpack_mask(mask, y)
+    assert bool(bits[:per_trip].all()) and not bool(bits[2 * per_trip + 5].all())
+    # the blocks past the limit saturate: 7 * 2^-8 to 6 * 2^-8 (not 8 * 2^-8), 5000 to 6 * 448
+    assert y[per_trip + 5].abs().max().item() == 6 * 2**-8
+    assert y[2 * per_trip + 5].abs().max().item() == 6 * 448
 
 
 def test_blockwise_long_row():

@@ -186,32 +186,62 @@ __global__ void __launch_bounds__(kThreads)
 // 32 / G whole blocks, the trip 32 K / G <= 32 of them:
 //  1. each lane loads its K vectors; the G lanes holding a block take its max by log2(G)
 //     shuffles;
-//  2. lane b < 32 K / G takes block b of the trip: its amax (one shuffle a load), its scale and
-//     the scale's reciprocal (Divisor, contract.h), made once a block rather than once a lane;
+//  2. lane b < 32 K / G takes block b of the trip: its amax (one shuffle a load), its scale
+//     (its divisions by the launch's Divisors, contract.h's blockwise_scale) and the scale's
+//     reciprocal (Divisor), made once a block rather than once a lane;
 //  3. each lane fetches its blocks' scale and reciprocal (two shuffles a load) and quantizes its
 //     vectors from registers, x / s as quotient_of (E8M0 scales: e8m0_quotient, exact), where
 //     every block of the trip is neither degenerate nor outside the divisor's fast range (one
-//     warp-wide vote); otherwise the trip again out of line (vector_trip_slow), with div_rn;
+//     warp-wide vote); otherwise the trip again out of line (Trip::kSlow), with div_rn;
 //  4. stores its vectors, and gathers each load's mask bits by shuffles into the 32-bit words that
-//     a lane of each 32 / V stores (a load covers 32 V elements from a multiple of 32 V).
+//     a lane of each 32 / V stores (a load covers 32 V elements from a multiple of 32 V), or,
+//     in a trip of blocks inside the format's saturation limit (Trip, below), stores words of
+//     ones.
 // A trip past the end (n, a multiple of B, need not be one of 32 K V) leaves whole blocks of
 // lanes without vectors: they load, store and mark nothing, and their blocks do not vote.
-template <typename scalar_t, Format F, BlockScale S, int K, bool kFull>
-__device__ __noinline__ void vector_trip_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
-                                              uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
-                                              const LaunchGeometry& geo, const BlockRule<float>& rule, float g);
+//
+// The block scale's divisors of a launch (contract.h's blockwise_scale with D = Divisor): the
+// element bound and the per-tensor scale g (1 for one level), made once a thread; `fast` when
+// both are fast divisors (otherwise every trip takes the slow path).
+struct ScaleDivisors {
+  Divisor elem_max, g;
+  bool fast;
+};
+
+__device__ __forceinline__ ScaleDivisors scale_divisors(const LaunchGeometry& geo, float g) {
+  const Divisor e = make_divisor(geo.scale.elem_max), d = make_divisor(g);
+  return {e, d, e.fast && d.fast};
+}
+
+// How a trip computes:
+//  kFast: x / s as quotient_of (x * 1/s for E8M0 scales). Float formats with float32 or E4M3
+//    scales (NVFP4) take their trips whose blocks all have RN(amax / s) below the format's
+//    saturation limit without the saturation and the mask tests (blockwise_value_of_quotient's
+//    kInside; the E4M3 rounding of NVFP4's scales leaves a block's quotients below about 6.4,
+//    the limit being 7, unless its scale is subnormal or clamped), and hand the others to
+//    kSaturating, out of line; E8M0 scales put about half the blocks' amax past the limit,
+//    so those trips, and integer ones, take the full rule inline.
+//  kSaturating: kFast with the full rule.
+//  kSlow: div_rn, and degenerate blocks: what kFast hands a trip to when one of its blocks is
+//    degenerate or outside the fast division's range.
+enum class Trip : int { kFast, kSaturating, kSlow };
+
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, Trip P>
+__device__ __noinline__ void vector_trip_out_of_line(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                     uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                                     const LaunchGeometry& geo, const BlockRule<float>& rule,
+                                                     const ScaleDivisors divisors);
 
 // One trip of the warp from element `base`: kFull, all 32 K V elements in the tensor (every
 // lane holds K vectors, every mask word is whole); else the trip past the end, out of line.
-// kSlow: x / s by div_rn and degenerate blocks (vector_trip_slow, out of line), which the fast
-// trip hands a trip to when one of its blocks needs it.
-template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, bool kSlow = false>
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, Trip P = Trip::kFast>
 __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                             uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
-                                            const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
+                                            const LaunchGeometry& geo, const BlockRule<float>& rule, const ScaleDivisors divisors) {
   constexpr int V = kVec<scalar_t>;
   constexpr int kLanesPerWord = 32 / V;
   constexpr int64_t kLoad = int64_t{kWarpSize} * V;  // elements a load of the warp covers
+  const float g = divisors.g.s;
   const int G = geo.group_size;
   const int shift = geo.group_shift;       // G = 2^shift
   const int per_load = kWarpSize >> shift;  // blocks a load covers
@@ -220,15 +250,14 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   // The loads this lane holds: all K but in the trip past the end.
   const int loads = kFull ? K : static_cast<int>(min(int64_t{K}, (n - first + kLoad - 1) / kLoad));
 
-  Pack<float, V> in[K];
+  Pack<scalar_t, V> in[K];
   uint32_t amax[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     amax[k] = 0;
     if (kFull || k < loads) {
-      in[k] = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + first + k * kLoad));
-#pragma unroll
-      for (int j = 0; j < V; ++j) amax[k] = max(amax[k], abs_bits(in[k].v[j]));
+      in[k] = *reinterpret_cast<const Pack<scalar_t, V>*>(x + first + k * kLoad);
+      amax[k] = abs_max_bits(in[k]);
     }
   }
   for (int lanes = 1; lanes < G; lanes *= 2) {
@@ -243,19 +272,33 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
     if ((lane >> (5 - shift)) == k) block_amax = a;
   }
   const float a = __uint_as_float(block_amax);
-  const float s = blockwise_scale<S>(a, geo.scale, g);
-  float reciprocal;
+  float s, reciprocal;
   const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
+  // kInside: every block of the trip has RN(amax / s) below the format's saturation limit
+  // (float formats with float32 or E4M3 scales: with E4M3's rounding of the scale, the
+  // quotients of NVFP4 blocks reach about 6.4 of the limit 7 unless the scale is subnormal
+  // or clamped; E8M0 scales put half the blocks' amax above it, so MX trips do not look).
+  constexpr bool kSlow = P == Trip::kSlow;
+  constexpr bool kInside = P == Trip::kFast && F != Format::kInt && S != BlockScale::kE8M0;
   if constexpr (S == BlockScale::kE8M0) {
+    s = blockwise_scale<S>(a, geo.scale, g);
     reciprocal = e8m0_inverse(s);  // the product is exact, and E8M0 blocks are never degenerate
   } else if constexpr (!kSlow) {
+    s = blockwise_scale<S>(a, geo.scale, divisors.elem_max, divisors.g);
     const Divisor d = make_divisor(s);
     reciprocal = d.y;
-    if (__any_sync(kFullWarp, in_trip & (blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a)))) {
-      vector_trip_slow<scalar_t, F, S, K, kFull>(x, y, mask_words, n, base, geo, rule, g);
+    if (__any_sync(kFullWarp, in_trip & (blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a) |
+                                         !divisors.fast))) {
+      vector_trip_out_of_line<scalar_t, F, S, K, kFull, Trip::kSlow>(x, y, mask_words, n, base, geo, rule, divisors);
+      return;
+    }
+    if (kInside && !__all_sync(kFullWarp, !in_trip | (quotient_of(a, d) < rule.float_limit))) {
+      vector_trip_out_of_line<scalar_t, F, S, K, kFull, Trip::kSaturating>(x, y, mask_words, n, base, geo, rule,
+                                                                           divisors);
       return;
     }
   } else {
+    s = blockwise_scale<S>(a, geo.scale, g);
     reciprocal = 1.0f;
   }
 
@@ -271,12 +314,13 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     bits[k] = 0;
+    const Pack<float, V> xf = to_floats(in[k]);
     // (kSlow: this lane's blocks, from its group's amax)
     const ScaleOf<float> b{sk[k], kSlow && blockwise_degenerate(__uint_as_float(amax[k]), sk[k], g, S), false, 0.0f};
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       unsigned bit;
-      const float xv = in[k].v[j];
+      const float xv = xf.v[j];
       float v;
       if constexpr (kSlow) {
         v = block_element<F>(xv, b, rule, bit);
@@ -284,7 +328,7 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
         const float xs = S == BlockScale::kE8M0 ? e8m0_quotient(xv, yk[k]) : quotient_of(xv, Divisor{sk[k], yk[k], true});
         // kFinite: the fast trips divide finite blocks by fast divisors (above); an E8M0
         // quotient is NaN only in a block holding NaN, whose scale is NaN (contract.h)
-        v = blockwise_value_of_quotient<F, true>(xs, sk[k], rule, bit);
+        v = blockwise_value_of_quotient<F, true, kInside>(xs, sk[k], rule, bit);
       }
       out[k].v[j] = static_cast<scalar_t>(v);
       bits[k] |= bit << j;
@@ -298,10 +342,14 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   // gathers theirs into the word it stores.
 #pragma unroll
   for (int k = 0; k < K; ++k) {
+    const int64_t w = (first + k * kLoad) / 32;
+    if (kFull && kInside) {  // every bit set
+      if (lane % kLanesPerWord == 0) mask_words[w] = 0xffffffffu;
+      continue;
+    }
     if (!kFull && k >= loads) bits[k] = 0;
 #pragma unroll
     for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits[k] |= __shfl_down_sync(kFullWarp, bits[k], s2) << (V * s2);
-    const int64_t w = (first + k * kLoad) / 32;
     if (lane % kLanesPerWord == 0) {
       if (kFull) {
         mask_words[w] = bits[k];
@@ -312,18 +360,19 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   }
 }
 
-template <typename scalar_t, Format F, BlockScale S, int K, bool kFull>
-__device__ __noinline__ void vector_trip_slow(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
-                                              uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
-                                              const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
-  vector_trip<scalar_t, F, S, K, kFull, true>(x, y, mask_words, n, base, geo, rule, g);
+template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, Trip P>
+__device__ __noinline__ void vector_trip_out_of_line(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                     uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
+                                                     const LaunchGeometry& geo, const BlockRule<float>& rule,
+                                                     const ScaleDivisors divisors) {
+  vector_trip<scalar_t, F, S, K, kFull, P>(x, y, mask_words, n, base, geo, rule, divisors);
 }
 
 template <typename scalar_t, Format F, BlockScale S, int K>
 __device__ __noinline__ void vector_trip_past_end(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                   uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
-                                                  const LaunchGeometry& geo, const BlockRule<float>& rule, float g) {
-  vector_trip<scalar_t, F, S, K, false>(x, y, mask_words, n, base, geo, rule, g);
+                                                  const LaunchGeometry& geo, const BlockRule<float>& rule, const ScaleDivisors divisors) {
+  vector_trip<scalar_t, F, S, K, false>(x, y, mask_words, n, base, geo, rule, divisors);
 }
 
 template <typename scalar_t, Format F, BlockScale S, int K>
@@ -335,13 +384,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t trips = (n + kTrip - 1) / kTrip;
-  const float g = S == BlockScale::kE4M3 ? global_scale(geo, scale_amax) : 1.0f;
+  const ScaleDivisors divisors = scale_divisors(geo, S == BlockScale::kE4M3 ? global_scale(geo, scale_amax) : 1.0f);
   for (int64_t t = warp; t < trips; t += nwarps) {  // the same for the whole warp
     const int64_t base = t * kTrip;
     if (base + kTrip <= n) {
-      vector_trip<scalar_t, F, S, K, true>(x, y, mask_words, n, base, geo, rule, g);
+      vector_trip<scalar_t, F, S, K, true>(x, y, mask_words, n, base, geo, rule, divisors);
     } else {
-      vector_trip_past_end<scalar_t, F, S, K>(x, y, mask_words, n, base, geo, rule, g);
+      vector_trip_past_end<scalar_t, F, S, K>(x, y, mask_words, n, base, geo, rule, divisors);
     }
   }
 }

@@ -277,6 +277,29 @@ __device__ __forceinline__ Pack<float, V> to_floats(const Pack<scalar_t, V> in) 
   return out;
 }
 
+// The largest abs_bits (contract.h: the bits of |x| in float32, NaN above inf) of a vector's
+// elements. bfloat16: on both halves of its 32-bit words at once (a bfloat16's float32 bits
+// are its 16 bits shifted up, so its magnitude bits order as the float32 ones do): an AND and
+// a 16-bit-pair max a word, where the float32 route takes a conversion, an AND and a max an
+// element.
+template <typename scalar_t, int V>
+__device__ __forceinline__ uint32_t abs_max_bits(const Pack<scalar_t, V>& in) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && V % 2 == 0) {
+    uint32_t w[V / 2];
+    memcpy(w, &in, sizeof(w));
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) m = __vmaxu2(m, w[k] & 0x7fff7fffu);
+    return max(m & 0xffff0000u, m << 16);
+  } else {
+    const Pack<float, V> f = to_floats(in);
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < V; ++k) m = max(m, abs_bits(f.v[k]));
+    return m;
+  }
+}
+
 // Spreads V mask bits (element k at bit k) over V bool bytes.
 template <int V>
 __device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {

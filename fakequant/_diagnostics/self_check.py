@@ -26,6 +26,10 @@ def _cases(device, dtype, gen):
     # several tiles and a tail (quantize_rows_kernel), where xc's runs of 33 take the table
     xs = x[: 264 * 32].view(264, 32)
     amax_s = torch.rand(264, 1, generator=gen).to(device) * 3
+    # NVFP4 in aligned rows of whole blocks (on CUDA the vector kernel): scale_amax the data's
+    # (every block's quotients inside E2M1's limit: the trips without saturation), and a0, below
+    # most blocks' amax (scales clamped to E4M3's 448: the trips with it)
+    a_xs = xs.abs().amax()
     yield ("affine per-tensor", lambda t: fakequant.fake_quantize_affine(t, s1, z1, None, -128, 127),
            lambda t: ref.fake_quantize_affine(t, s1, z1, None, -128, 127), x)
     yield ("affine per-channel", lambda t: fakequant.fake_quantize_affine(t, scale, zp, 1, 0, 255),
@@ -45,6 +49,10 @@ def _cases(device, dtype, gen):
            lambda t: ref.fake_quantize_blockwise(t, 16, 4), xc)
     yield ("block-wise nvfp4", lambda t: fakequant.fake_quantize_blockwise(t, 16, 4, exponent_bits=2, scale_amax=a0),
            lambda t: ref.fake_quantize_blockwise(t, 16, 4, False, True, 2, a0), xc)
+    for name, sa in (("inside", a_xs), ("saturating", a0)):
+        yield (f"block-wise nvfp4 vectors, {name}",
+               lambda t, sa=sa: fakequant.fake_quantize_blockwise(t, 16, 4, exponent_bits=2, scale_amax=sa),
+               lambda t, sa=sa: ref.fake_quantize_blockwise(t, 16, 4, False, True, 2, sa), xs)
     yield ("lsq per-channel", lambda t: fakequant.fake_quantize_lsq(t, scale, zp, 1, 0, 255),
            lambda t: ref.fake_quantize_affine(t, scale, zp, 1, 0, 255), xc)
 

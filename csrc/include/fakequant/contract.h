@@ -119,7 +119,8 @@ inline float max_value(float a, float b) { return std::fmax(a, b); }
 
 template <typename C>
 C10_HOST_DEVICE inline C clamp_nan(C v, C lo, C hi) {
-  return v < lo ? lo : (v > hi ? hi : v);  // NaN falls through both tests
+  const C up = v < lo ? lo : v;  // NaN falls through both tests
+  return up > hi ? hi : up;      // (two NaN-keeping min/max instructions on a GPU)
 }
 
 // The bounds of r = rint(x / scale) for the affine ops: quant_min - zero_point
@@ -145,21 +146,34 @@ C10_HOST_DEVICE inline C integer_bound(int64_t v, bool up) {
 // Rounding to the values of a small float format (float_formats.h), in float32 on
 // every device: saturate to +-max, then round to the nearest value of the format,
 // ties to even, as torch's float8 casts round. Branch-free bit arithmetic, so the
-// CPU loops vectorise.
-// v saturated to [-f.max, f.max] and rounded to the format; NaN stays NaN.
-// The spacing of the format's values around v is 2^(e - M) where 2^e <= |v| <
-// 2^(e+1), and 2^(min_exponent - M) among the subnormals; scaling by its inverse (a
-// power of two: exact) puts the values on the integers, where rint rounds ties to
-// even. A carry into the next binade lands on a value of the format too.
+// CPU loops vectorise; NaN stays NaN.
+//
+// round_to_format_grid is the rounding without the saturation. The spacing of the format's
+// values around v is q = 2^(e - M) where 2^e <= |v| < 2^(e+1), and 2^(min_exponent - M)
+// among the subnormals. With c = 1.5 * 2^23 * q (made from v's exponent bits, a power of
+// two times 1.5) and |v| < 2^22 q, v + c lies in [2^23 q, 2^24 q), whose float32 spacing is
+// q: adding rounds v to the nearest multiple of q, ties to the even multiple (c / q is
+// even), which is the format's even value; subtracting c again is exact. A carry into the
+// next binade lands on a value of the format too. The sum loses the sign of a zero result,
+// which copy_sign restores from v (a nonzero result has v's sign). |v| < 2^22 q holds for
+// every |v| below 2^(M + 1) q, the top of v's binade, as M <= 3.
+//
+// For |v| < saturation_limit(f) (max + half the step of max's binade, below)
+// round_to_format_grid gives round_to_format's value: a v beyond max is in max's binade (the
+// limit is below the next power of two in every format), within half a step of max, and
+// rounds to it. Kernels that know every |v| of a block below the limit use it.
+C10_HOST_DEVICE inline float round_to_format_grid(float v, FloatFormat f) {
+  const uint32_t exponent = float_to_bits(v) & 0x7f800000u;
+  // c's bits: the exponent field's, the mantissa 0.5 (added: the exponent's low bits are 0)
+  const uint32_t smallest = (static_cast<uint32_t>(f.min_exponent - f.mantissa_bits + 127 + 23) << 23) + 0x00400000u;
+  uint32_t magic = exponent + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23) + 0x00400000u;  // (NaN, inf: any c will do)
+  magic = magic < smallest ? smallest : magic;
+  const float c = bits_to_float(magic);
+  return copy_sign(sub_rn(add_rn(v, c), c), v);
+}
+
 C10_HOST_DEVICE inline float round_to_format(float v, FloatFormat f) {
-  v = clamp_nan(v, -f.max, f.max);
-  const int32_t exponent = static_cast<int32_t>(float_to_bits(v) & 0x7f800000u);
-  const int32_t smallest = (f.min_exponent - f.mantissa_bits + 127) << 23;
-  int32_t quantum = exponent - (f.mantissa_bits << 23);
-  quantum = quantum < smallest ? smallest : quantum;
-  const float step = bits_to_float(static_cast<uint32_t>(quantum));
-  const float inverse = bits_to_float(static_cast<uint32_t>((254 << 23) - quantum));
-  return mul_rn(round_half_even(mul_rn(v, inverse)), step);
+  return round_to_format_grid(clamp_nan(v, -f.max, f.max), f);
 }
 
 // --- one divisor, many dividends -----------------------------------------------------------
@@ -414,8 +428,9 @@ struct AmaxFamily {
 // agree: nearest, ties to even, a value beyond +-max to +-max, NaN to NaN, a zero keeping
 // its sign. tests/fp8_check.cpp compares NVIDIA's host implementation of the conversion
 // with round_to_format (every float32 in `make slow`); the other formats, and every other
-// device, take round_to_format.
-template <Format F>
+// device, take round_to_format. kInside: |v| is below the format's saturation limit, where
+// round_to_format_grid gives round_to_format's value without the saturation's instructions.
+template <Format F, bool kInside = false>
 C10_HOST_DEVICE inline float round_to_small_float(float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   if constexpr (F == Format::kE4M3 || F == Format::kE5M2) {
@@ -423,7 +438,7 @@ C10_HOST_DEVICE inline float round_to_small_float(float v) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind), kind)));
   }
 #endif
-  return round_to_format(v, float_format_of<F>());
+  return kInside ? round_to_format_grid(v, float_format_of<F>()) : round_to_format(v, float_format_of<F>());
 }
 
 // --- the quantize rule ------------------------------------------------------------------------
@@ -591,15 +606,34 @@ C10_HOST_DEVICE inline uint32_t abs_bits(float v) { return float_to_bits(v) & 0x
 // The scale of a block with amax `amax` (float32). One level: amax / elem_max.
 // Two levels: that scale rounded to E4M3 against the per-tensor scale g. E8M0:
 // e8m0_scale.
-template <BlockScale K>
-C10_HOST_DEVICE inline float blockwise_scale(float amax, const BlockScaleRule& r, float g) {
+//
+// The divisions by elem_max and g: div_rn (D = float), or quotient_of with Divisors of them
+// made once (D = Divisor: the CUDA vector kernels), which give the same scale for every block
+// that is not degenerate, with amax <= 2^60 (fast_dividend), where both Divisors are fast:
+// amax > kAmaxEpsilon = 2^-24 and elem_max <= 57344 < 2^16 put amax / elem_max in
+// [2^-40, 2^60], a normal quotient of a dividend >= 2^-100, which quotient_of rounds
+// correctly; that over g (fast: in [2^-60, 2^60]) is at most 2^120, correctly rounded where
+// it is a normal float, and where it is not, both quotients are below 2^-39, which E4M3
+// rounds to +0: the scale is 0 either way, and the block degenerate (blockwise_degenerate).
+// E4M3 rounding by round_to_small_float: the conversion instruction where a GPU has one.
+C10_HOST_DEVICE inline float divide_by(float x, float d) { return div_rn(x, d); }
+C10_HOST_DEVICE inline float divide_by(float x, const Divisor& d) { return quotient_of(x, d); }
+C10_HOST_DEVICE inline float value_of(float d) { return d; }
+C10_HOST_DEVICE inline float value_of(const Divisor& d) { return d.s; }
+
+template <BlockScale K, typename D>
+C10_HOST_DEVICE inline float blockwise_scale(float amax, const BlockScaleRule& r, const D& elem_max, const D& g) {
   if constexpr (K == BlockScale::kE8M0) {
     return e8m0_scale(amax, r.scale_emax);
   } else {
-    constexpr FloatFormat kScaleFormat = kE4M3;
-    const float s = div_rn(amax, r.elem_max);
-    return K == BlockScale::kE4M3 ? mul_rn(round_to_format(div_rn(s, g), kScaleFormat), g) : s;
+    const float s = divide_by(amax, elem_max);
+    return K == BlockScale::kE4M3 ? mul_rn(round_to_small_float<Format::kE4M3>(divide_by(s, g)), value_of(g)) : s;
   }
+}
+
+template <BlockScale K>
+C10_HOST_DEVICE inline float blockwise_scale(float amax, const BlockScaleRule& r, float g) {
+  return blockwise_scale<K>(amax, r, r.elem_max, g);
 }
 
 C10_HOST_DEVICE inline float blockwise_scale(float amax, const BlockScaleRule& r, float g) {
@@ -660,12 +694,21 @@ C10_HOST_DEVICE inline C degenerate_value(C xv, M& m) {
 // format's limit. Integers give +0.0 for q = -0.0; float elements keep the sign.
 // From the quotient xs = x / s (correctly rounded), for kernels that form it in
 // their own way (e8m0_quotient).
-template <Format F, bool kFinite = false, typename C, typename M>
+//
+// kInside (float formats): the caller knows |xs| < rule.float_limit, the format's saturation
+// limit, for the whole block (the vector kernels: RN(amax / s) below it, which bounds every
+// element's quotient, correct rounding being monotonic): the mask bit is 1 and the rounding
+// needs no saturation (round_to_small_float's kInside).
+template <Format F, bool kFinite = false, bool kInside = false, typename C, typename M>
 C10_HOST_DEVICE inline C blockwise_value_of_quotient(C xs, C s, const BlockRule<C>& rule, M& m) {
   if constexpr (F == Format::kInt) {
+    static_assert(!kInside, "integer blocks have no saturation limit");
     const IntegerCode<C> code = integer_code<kFinite>(xs, rule.quant_min, rule.quant_max);
     m = static_cast<M>(code.inside);
     return dequantize_code<kFinite>(code.q, s);
+  } else if constexpr (kInside) {
+    m = static_cast<M>(1);
+    return mul_rn(static_cast<C>(round_to_small_float<F, true>(to_float_rn(xs))), s);
   } else {
     m = static_cast<M>(abs_value(xs) <= rule.float_limit);
     return mul_rn(static_cast<C>(round_to_small_float<F>(to_float_rn(xs))), s);
