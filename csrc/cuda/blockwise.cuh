@@ -287,14 +287,16 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
     s = blockwise_scale<S>(a, geo.scale, divisors.elem_max, divisors.g);
     const Divisor d = make_divisor(s);
     reciprocal = d.y;
-    if (__any_sync(kFullWarp, in_trip & (blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a) |
-                                         !divisors.fast))) {
+    const bool slow = blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a) | !divisors.fast;
+    if constexpr (kInside) {
+      // one vote: a trip with a block outside goes to kSaturating, which votes on `slow` again
+      if (__any_sync(kFullWarp, in_trip & (slow | !(quotient_of(a, d) < rule.float_limit)))) {
+        vector_trip_out_of_line<scalar_t, F, S, K, kFull, Trip::kSaturating>(x, y, mask_words, n, base, geo, rule,
+                                                                             divisors);
+        return;
+      }
+    } else if (__any_sync(kFullWarp, in_trip & slow)) {
       vector_trip_out_of_line<scalar_t, F, S, K, kFull, Trip::kSlow>(x, y, mask_words, n, base, geo, rule, divisors);
-      return;
-    }
-    if (kInside && !__all_sync(kFullWarp, !in_trip | (quotient_of(a, d) < rule.float_limit))) {
-      vector_trip_out_of_line<scalar_t, F, S, K, kFull, Trip::kSaturating>(x, y, mask_words, n, base, geo, rule,
-                                                                           divisors);
       return;
     }
   } else {
