@@ -237,5 +237,7 @@ check: build
 # operator, and the mismatched combination gets a clear ImportError (tools/two_envs.sh).
 ENV2 ?= .venv-torch2141
 TORCH2 ?= torch==2.14.1
-two-envs: build
-	PY=$(PY) ENV2=$(ENV2) TORCH2="$(TORCH2)" MAX_JOBS=$(MAX_JOBS) tools/two_envs.sh
+# Its torch is make cuda-build's when both name the same release (one copy on disk, not two).
+TORCH2_FROM := $(if $(filter $(TORCH2),$(CUDA_TORCH)),$(CUDA_VENV))
+two-envs: build $(if $(TORCH2_FROM),$(CUDA_DEPS))
+	PY=$(PY) ENV2=$(ENV2) TORCH2="$(TORCH2)" TORCH2_FROM="$(TORCH2_FROM)" MAX_JOBS=$(MAX_JOBS) tools/two_envs.sh

@@ -129,14 +129,16 @@ def main():
         sys.exit("install_check: the tests failed")
 
     # Another torch: the clear ImportError, before the operator library loads. The torch
-    # comes from $ENV2 (make two-envs' virtualenv) when it has one: a .pth file puts its
-    # site-packages after the fresh environment's own, which holds the wheel (a CUDA torch
-    # installed afresh would cost minutes and gigabytes); otherwise pip installs $TORCH2.
+    # is the one $ENV2 (make two-envs' virtualenv) imports, when it has one: a .pth file puts
+    # the site-packages holding it after the fresh environment's own, which holds the wheel
+    # (a CUDA torch installed afresh would cost minutes and gigabytes); otherwise pip
+    # installs $TORCH2. (That site-packages may be another virtualenv's: make two-envs
+    # borrows make cuda-build's torch the same way.)
     start = time.perf_counter()
     python2 = fresh_venv(work / "venv-torch2")
     env2 = ROOT / os.environ.get("ENV2", ".venv-torch2141")
     if (env2 / "bin" / "python").exists():
-        site2 = purelib(env2 / "bin" / "python")
+        site2 = output(env2 / "bin" / "python", "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
         Path(purelib(python2), "other_torch.pth").write_text(site2 + "\n")
         print(f"torch from {site2}")
     else:

@@ -4,7 +4,8 @@
 #
 #   A: `make build`'s virtualenv (.venv, torch 2.13.0), an editable install.
 #   B: a second virtualenv ($ENV2, $TORCH2), a CPU-only non-editable install
-#      (`pip install --no-build-isolation .`) from the same checkout.
+#      (`pip install --no-build-isolation .`) from the same checkout; its torch is that of
+#      $TORCH2_FROM when that virtualenv holds the release $TORCH2 names.
 #
 # Checked: B's install changes nothing in the source tree's package (A's
 # editable install still has its libraries, unchanged); each environment
@@ -19,9 +20,22 @@ ENV2=${ENV2:-.venv-torch2141}
 TORCH2=${TORCH2:-torch==2.14.1}
 MAX_JOBS=${MAX_JOBS:-2}
 
+# B's torch: when $TORCH2_FROM (make cuda-build's .venv-cuda) holds that very release, a .pth
+# file puts its site-packages after B's own instead of a second copy of it (5.5 GB on disk: CI's
+# disk once ran out); B's own site-packages, first on sys.path, holds B's fakequant.
 if [ ! -x "$ENV2/bin/python" ]; then
     python3 -m venv "$ENV2"
-    "$ENV2/bin/python" -m pip install -q --disable-pip-version-check "setuptools>=77" wheel ninja numpy "$TORCH2"
+    want=${TORCH2#torch==}
+    from_py=${TORCH2_FROM:+$TORCH2_FROM/bin/python}
+    if [ -n "$from_py" ] && [ -x "$from_py" ] &&
+       [ "$("$from_py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$want" ]; then
+        site=$("$from_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        echo "$site" > "$("$ENV2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch_from.pth"
+        echo "== B's torch from $site"
+        "$ENV2/bin/python" -m pip install -q --disable-pip-version-check "setuptools>=77" wheel ninja numpy
+    else
+        "$ENV2/bin/python" -m pip install -q --disable-pip-version-check "setuptools>=77" wheel ninja numpy "$TORCH2"
+    fi
 fi
 PY_B=$(realpath -s "$ENV2/bin/python")
 
