@@ -456,6 +456,31 @@ def test_blockwise_long_rows_held_and_read_twice(dtype):
             blockwise(x, block_size, element)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_blockwise_long_rows_keys(dtype):
+    # The rows' keys of blockwise_long_vector_kernel (RowKeys: bfloat16's on 16-bit pairs) for
+    # centered and plain rows: both signs (the fast pass), all negative, a negative NaN alone,
+    # -inf and +inf, -0.0 and +0.0 only (degenerate), one number among zeros, the largest
+    # magnitude in the last vector. (Threads with nothing to add: the held rows' test above.)
+    n = 256 * (16 // torch.tensor([], dtype=dtype).element_size())  # a step
+    x = data(8 * n, dtype, spread=1.0).reshape(8, n).nan_to_num(0.0, 0.0, 0.0)
+    x[1] = -x[1].abs() - 0.5
+    # a quiet NaN with its sign bit set, by its bits (conversions make NaNs positive)
+    bits = {torch.float32: (torch.int32, -0x400000), torch.bfloat16: (torch.int16, -0x40),
+            torch.float16: (torch.int16, -0x200)}[dtype]
+    x.view(bits[0])[2, 7] = bits[1]
+    x[3, 0], x[3, n - 1] = -float("inf"), float("inf")
+    x[4] = 0.0
+    x[4, ::2] = -0.0
+    x[5] = 0.0
+    x[5, n // 2 + 3] = -3.0
+    x[6, n - 1] = -40.0
+    x[7, n - 1] = 40.0
+    assert torch.signbit(x[2, 7]) and bool(x[2, 7].isnan())
+    for element in ("centered_int8", "int8", "centered_fp8"):
+        blockwise(x, n, element)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_blockwise_vectors_grid_steps(dtype):
     # About 2.5 steps of the capped grid (128 warps) of trips, in NVFP4's blocks of 16 elements.

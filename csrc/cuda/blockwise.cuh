@@ -486,6 +486,31 @@ __device__ __noinline__ unsigned long_vector_slow(const scalar_t* __restrict__ x
   return bits;
 }
 
+// The mask bits of a step of a row (V a lane, the lane's vector at offset i): the first lane of
+// each 32 / V gathers theirs into the word it stores (a row is whole words: its length is a
+// multiple of 32). Every lane of the warp calls it together.
+template <int V, typename Off>
+__device__ __forceinline__ void store_row_bits(uint32_t* __restrict__ wr, Off i, Off len, unsigned bits) {
+  constexpr int kLanesPerWord = 32 / V;
+#pragma unroll
+  for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s2) << (V * s2);
+  if (threadIdx.x % kLanesPerWord == 0 && i < len) wr[i / 32] = bits;
+}
+
+// The second pass of a row whose scale or amax is outside the fast division's range, or which
+// is degenerate: long_vector_slow a vector, the row read again. The whole thread block calls it.
+template <typename scalar_t, Format F, bool kCentered>
+__device__ __noinline__ void long_vector_row_slow(const scalar_t* __restrict__ xr, scalar_t* __restrict__ yr,
+                                                  uint32_t* __restrict__ wr, int64_t len, float s,
+                                                  bool degenerate, float center, const BlockRule<float> rule) {
+  constexpr int V = kVec<scalar_t>;
+  for (int64_t i0 = 0; i0 < len; i0 += int64_t{kThreads} * V) {
+    const int64_t i = i0 + int64_t{threadIdx.x} * V;
+    const unsigned bits = i < len ? long_vector_slow<scalar_t, F, kCentered>(xr + i, yr + i, s, degenerate, center, rule) : 0u;
+    store_row_bits<V>(wr, i, len, bits);
+  }
+}
+
 // kHeld: blocks of at most kHeldSteps steps (kThreads * V * kHeldSteps elements: rows of up to
 // 8192 float32 or 16384 bfloat16 elements), each thread's vectors held in registers between the
 // passes, so that the block is read once; otherwise any length, read twice (the second time
@@ -498,41 +523,36 @@ __global__ void __launch_bounds__(kThreads)
                                  uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
                                  const BlockRule<float> rule, const ParamPtr scale_amax) {
   constexpr int V = kVec<scalar_t>;
-  constexpr int kLanesPerWord = 32 / V;
-  constexpr int64_t kStep = int64_t{kThreads} * V;
+  // Offsets within a row: 32-bit where the row is held (kHeldSteps steps at most).
+  using Off = std::conditional_t<kHeld, int, int64_t>;
+  constexpr Off kStep = Off{kThreads} * V;
   FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
   FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
   const int t = threadIdx.x;
-  const int lane = t % kWarpSize;
   const float g = global_scale(geo, scale_amax);
-  const int64_t len = geo.block_size;  // every block whole (the uniform geometry)
+  const Off len = static_cast<Off>(geo.block_size);  // every block whole (the uniform geometry)
   // the passes' steps: kHeldSteps (some past the end) or as many as the block needs
-  const int64_t steps = kHeld ? kHeldSteps : (len + kStep - 1) / kStep;
+  const Off steps = kHeld ? kHeldSteps : (len + kStep - 1) / kStep;
 
   for (int64_t blk = blockIdx.x; blk < geo.total_blocks; blk += gridDim.x) {  // the same for the whole block
-    const int64_t start = blk * len;
+    const int64_t start = blk * geo.block_size;
+    const scalar_t* __restrict__ xr = x + start;
+    scalar_t* __restrict__ yr = y + start;
+    uint32_t* __restrict__ wr = mask_words + start / 32;  // (blocks are whole words)
     Pack<scalar_t, V> held[kHeld ? kHeldSteps : 1];
-    uint32_t m = 0, n = 0;
+    RowKeys<scalar_t, kCentered> keys;
 #pragma unroll
-    for (int64_t k = 0; k < steps; ++k) {
+    for (Off k = 0; k < steps; ++k) {
       if (k * kStep >= len) break;  // (the whole thread block alike)
-      const int64_t i = k * kStep + int64_t{t} * V;
+      const Off i = k * kStep + Off{t} * V;
       if (i < len) {
-        const Pack<scalar_t, V> raw = *reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i);
+        const Pack<scalar_t, V> raw = *reinterpret_cast<const Pack<scalar_t, V>*>(xr + i);
         if constexpr (kHeld) held[k] = raw;
-        const Pack<float, V> in = to_floats(raw);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float v = in.v[j];
-          if constexpr (kCentered) {
-            m = max(m, order_key(v));
-            n = max(n, order_key(-v));
-          } else {
-            m = max(m, abs_bits(v));
-          }
-        }
+        keys.add(raw);
       }
     }
+    uint32_t m, n;
+    keys.read(m, n);
     thread_block_max(m, n, warp_amax, warp_neg);
     float amax = __uint_as_float(m), center = 0.0f;
     if constexpr (kCentered) {
@@ -543,37 +563,32 @@ __global__ void __launch_bounds__(kThreads)
     const float s = blockwise_scale(amax, geo.scale, g);
     const bool degenerate = blockwise_degenerate(amax, s, g, geo.scale.kind);
     const Divisor d = make_divisor(s);
-    const bool fast = !degenerate & d.fast & fast_dividend(amax);  // the same for the whole block
 
+    if (!(!degenerate & d.fast & fast_dividend(amax))) {  // (the same in every thread)
+      long_vector_row_slow<scalar_t, F, kCentered>(xr, yr, wr, geo.block_size, s, degenerate, center, rule);
+      continue;
+    }
 #pragma unroll
-    for (int64_t k = 0; k < steps; ++k) {
+    for (Off k = 0; k < steps; ++k) {
       if (k * kStep >= len) break;  // (the whole thread block alike)
-      const int64_t i = k * kStep + int64_t{t} * V;
+      const Off i = k * kStep + Off{t} * V;
       unsigned bits = 0;
       if (i < len) {
-        if (fast) {
-          const Pack<float, V> in =
-              to_floats(kHeld ? held[kHeld ? k : 0] : *reinterpret_cast<const Pack<scalar_t, V>*>(x + start + i));
-          Pack<scalar_t, V> out;
+        const Pack<float, V> in =
+            to_floats(kHeld ? held[kHeld ? k : 0] : *reinterpret_cast<const Pack<scalar_t, V>*>(xr + i));
+        Pack<scalar_t, V> out;
 #pragma unroll
-          for (int j = 0; j < V; ++j) {
-            unsigned bit;
-            const float xv = in.v[j];
-            const float xc = kCentered ? sub_rn(xv, center) : xv;
-            const float v = blockwise_value_of_quotient<F, true>(quotient_of(xc, d), s, rule, bit);
-            out.v[j] = static_cast<scalar_t>(kCentered ? add_rn(v, center) : v);
-            bits |= bit << j;
-          }
-          *reinterpret_cast<Pack<scalar_t, V>*>(y + start + i) = out;
-        } else {
-          bits = long_vector_slow<scalar_t, F, kCentered>(x + start + i, y + start + i, s, degenerate, center, rule);
+        for (int j = 0; j < V; ++j) {
+          unsigned bit;
+          const float xv = in.v[j];
+          const float xc = kCentered ? sub_rn(xv, center) : xv;
+          const float v = blockwise_value_of_quotient<F, true>(quotient_of(xc, d), s, rule, bit);
+          out.v[j] = static_cast<scalar_t>(kCentered ? add_rn(v, center) : v);
+          bits |= bit << j;
         }
+        *reinterpret_cast<Pack<scalar_t, V>*>(yr + i) = out;
       }
-      // The first lane of each 32 / V gathers their bits into the word it stores (a block is
-      // whole words: its length is a multiple of 32).
-#pragma unroll
-      for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s2) << (V * s2);
-      if (lane % kLanesPerWord == 0 && i < len) mask_words[(start + i) / 32] = bits;
+      store_row_bits<V>(wr, i, len, bits);
     }
   }
 }

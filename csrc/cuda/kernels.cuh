@@ -300,6 +300,71 @@ __device__ __forceinline__ uint32_t abs_max_bits(const Pack<scalar_t, V>& in) {
   }
 }
 
+// A row's largest keys, gathered vector by vector and read once (the per-token kernels): the
+// largest abs_bits in m, or for centered rows (kCentered) the largest order keys (contract.h)
+// of x in m and of -x in n; 0 when nothing was added (but see below). bfloat16: on both 16-bit halves of each
+// word at once. A bfloat16's 16-bit order key h ^ (sign ? 0xffff : 0x8000) orders as its
+// float32 key does (that key is the 16-bit one shifted up, its low half all ones for a clear
+// top bit), and -x's key is the complement of x's, so the largest key of -x is the complement
+// of the least of x's: a word takes the sign mask, an XOR, a 16-bit-pair max and min, where
+// the float32 route takes a conversion, two keys and two max an element. A thread with no
+// elements reads 0xffff for a centered row, the key of the least bfloat16 (0xffff, a NaN):
+// no bfloat16's key is below it, so the row's max is the same.
+template <typename scalar_t, bool kCentered>
+struct RowKeys {
+  static constexpr bool kPairs = std::is_same_v<scalar_t, c10::BFloat16>;
+  uint32_t m = 0, n = kPairs && kCentered ? 0xffffffffu : 0u;  // bfloat16 centered: n the least x keys
+
+  template <int V>
+  __device__ __forceinline__ void add(const Pack<scalar_t, V>& in) {
+    if constexpr (kPairs && V % 2 == 0) {
+      uint32_t w[V / 2];
+      memcpy(w, &in, sizeof(w));
+#pragma unroll
+      for (int k = 0; k < V / 2; ++k) {
+        if constexpr (kCentered) {
+          const uint32_t key = w[k] ^ ((((w[k] >> 15) & 0x00010001u) * 0xffffu) | 0x80008000u);
+          m = __vmaxu2(m, key);
+          n = __vminu2(n, key);
+        } else {
+          m = __vmaxu2(m, w[k] & 0x7fff7fffu);
+        }
+      }
+    } else {
+      const Pack<float, V> f = to_floats(in);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        if constexpr (kCentered) {
+          m = max(m, order_key(f.v[k]));
+          n = max(n, order_key(-f.v[k]));
+        } else {
+          m = max(m, abs_bits(f.v[k]));
+        }
+      }
+    }
+  }
+
+  // The float32 keys: m, and n (centered).
+  __device__ __forceinline__ void read(uint32_t& max_key, uint32_t& neg_max_key) const {
+    if constexpr (!kPairs) {
+      max_key = m;
+      neg_max_key = n;
+    } else if constexpr (kCentered) {
+      max_key = widen(max(m >> 16, m & 0xffffu));
+      neg_max_key = widen(~min(n >> 16, n & 0xffffu) & 0xffffu);
+    } else {
+      max_key = max(m & 0xffff0000u, m << 16);
+      neg_max_key = 0;
+    }
+  }
+
+ private:
+  // A bfloat16's float32 order key from its 16-bit one.
+  __device__ __forceinline__ static uint32_t widen(uint32_t key16) {
+    return (key16 << 16) | ((key16 & 0x8000u) ? 0u : 0xffffu);
+  }
+};
+
 // Spreads V mask bits (element k at bit k) over V bool bytes.
 template <int V>
 __device__ __forceinline__ void store_bool_mask(uint8_t* dst, unsigned bits) {

@@ -30,6 +30,10 @@ def _cases(device, dtype, gen):
     # (every block's quotients inside E2M1's limit: the trips without saturation), and a0, below
     # most blocks' amax (scales clamped to E4M3's 448: the trips with it)
     a_xs = xs.abs().amax()
+    # per token, asymmetric: rows of 2048 (on CUDA, rows held in registers; bfloat16's row keys
+    # on 16-bit pairs), the second row all negative
+    xt = x[: 4 * 2048].view(4, 2048).clone()
+    xt[1] = -xt[1].abs()
     yield ("affine per-tensor", lambda t: fakequant.fake_quantize_affine(t, s1, z1, None, -128, 127),
            lambda t: ref.fake_quantize_affine(t, s1, z1, None, -128, 127), x)
     yield ("affine per-channel", lambda t: fakequant.fake_quantize_affine(t, scale, zp, 1, 0, 255),
@@ -53,6 +57,9 @@ def _cases(device, dtype, gen):
         yield (f"block-wise nvfp4 vectors, {name}",
                lambda t, sa=sa: fakequant.fake_quantize_blockwise(t, 16, 4, exponent_bits=2, scale_amax=sa),
                lambda t, sa=sa: ref.fake_quantize_blockwise(t, 16, 4, False, True, 2, sa), xs)
+    yield ("per-token centered int8 rows",
+           lambda t: fakequant.fake_quantize_blockwise(t, 2048, 8, False, False, centered=True),
+           lambda t: ref.fake_quantize_blockwise(t, 2048, 8, False, False, centered=True), xt)
     yield ("lsq per-channel", lambda t: fakequant.fake_quantize_lsq(t, scale, zp, 1, 0, 255),
            lambda t: ref.fake_quantize_affine(t, scale, zp, 1, 0, 255), xc)
 

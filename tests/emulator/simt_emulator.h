@@ -46,7 +46,7 @@
 //   their double forms, __float2int_rn, __double2float_rn, ...) as the plain
 //   host operators, which round to nearest even once per operation when the
 //   file is compiled with -ffp-contract=off and without -ffast-math (setup.py
-//   and the emulation build do so); bit casts, __ldg, __popc, __ffs, __clz, __vmaxu2.
+//   and the emulation build do so); bit casts, __ldg, __popc, __ffs, __clz, __vmaxu2, __vminu2.
 // - Vector types (float2, float4, double2, int2, int4, uint2, uint4, ...) with
 //   their CUDA alignment; simt::check_aligned and fq_load/fq_store helpers
 //   report any vector access whose address is not a multiple of its size, as
@@ -879,6 +879,10 @@ inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz(static_cast<unsigne
 // SIMD on the two unsigned 16-bit halves of a word (VIMNMX.U16x2 on compute capability 9.0).
 inline unsigned __vmaxu2(unsigned a, unsigned b) {
   const unsigned hi = std::max(a >> 16, b >> 16), lo = std::max(a & 0xffffu, b & 0xffffu);
+  return (hi << 16) | lo;
+}
+inline unsigned __vminu2(unsigned a, unsigned b) {
+  const unsigned hi = std::min(a >> 16, b >> 16), lo = std::min(a & 0xffffu, b & 0xffffu);
   return (hi << 16) | lo;
 }
 inline unsigned __brev(unsigned v) {
