@@ -142,6 +142,25 @@ def test_quantize_fast_division(dtype):
         cpu_and_cuda("fake_quantize_fp8", x, t(scale * 448), 4, 3, False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_quantize_zero_amax(dtype):
+    # The amax family's zero case (amax at most 2^-24: everything to 0, range [0, 0]) beside
+    # specials, signed zeros among them: the zero case must not take the fast division, whose
+    # float branch leaves the clamp to the format's own saturation (contract.h's
+    # kZeroAmaxScale), per tensor and per channel (rows and table kernels).
+    x = data(4096, dtype)
+    x[5], x[6], x[7] = -0.0, 0.0, -3e-8
+    for amax in (0.0, 1e-30, 2.0**-24, -0.0):
+        cpu_and_cuda("fake_quantize_fp8", x, t(amax), 4, 3, False)
+        cpu_and_cuda("fake_quantize_fp8", x, t(amax), 5, 2, False)
+        cpu_and_cuda("fake_quantize_amax", x, t(amax), 8, False, True, False)
+        cpu_and_cuda("quantize_amax", x, t(amax), 8, False, True, False)
+    rows = x.reshape(128, 32)
+    amax = torch.tensor([0.0, 2.5, 1e-30, 0.7]).repeat(32).reshape(128, 1)
+    cpu_and_cuda("fake_quantize_fp8", rows, amax, 4, 3, False)
+    cpu_and_cuda("fake_quantize_fp8", rows.t(), amax.reshape(1, 128), 4, 3, False)
+
+
 # Every per-tensor sample call of the op table (tests/op_table.py) but the stateful
 # ones (the fused observer, which updates its buffers: test_fused_observer below).
 FAMILIES = {variant.name: (entry, variant) for entry, variant in op_table.variants(

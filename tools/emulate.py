@@ -111,6 +111,12 @@ PLANTED = [
      "return max(m & 0xffff0000u, m << 16);",
      "return m << 16;",
      "blockwise_vectors and bfloat16", "plain", "blockwise_bfloat16.cu"),
+    # (a mistake in contract.h itself would not show: the emulated library's host objects,
+    # built from the real csrc, hold the same inline functions, and the linker keeps one)
+    ("the amax family's zero case in the fast division (a Divisor of scale 1)", "kernels.cuh",
+     ": c(p.family.template make<C>(0)), d(make_divisor(static_cast<float>(c.scale))) {}",
+     ": c(p.family.template make<C>(0)), d(make_divisor(c.hi == 0 ? 1.0f : static_cast<float>(c.scale))) {}",
+     "quantize_zero_amax", "plain", "quantize.cu"),
     ("bfloat16 row keys without the sign mask (negatives ordered as positives)", "kernels.cuh",
      "const uint32_t key = w[k] ^ ((((w[k] >> 15) & 0x00010001u) * 0xffffu) | 0x80008000u);",
      "const uint32_t key = w[k] ^ 0x80008000u;",

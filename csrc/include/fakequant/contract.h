@@ -212,6 +212,14 @@ C10_HOST_DEVICE inline Divisor make_divisor(float s) {
 
 C10_HOST_DEVICE inline bool fast_dividend(float x) { return abs_value(x) <= 0x1p60f; }  // NaN: false
 
+// The scale of the amax family's zero case (amax <= kAmaxEpsilon, range [0, 0]): every
+// output is the clamp's 0 (or NaN) times the scale, so any positive scale gives the same
+// bits (x / s only has to be NaN where x is: 0 * any scale is 0 of the same sign); this one
+// is outside the fast division's range, so that a kernel's fast division never sees the
+// zero case (quantize_value_of_quotient's kFinite float branch relies on it).
+constexpr float kZeroAmaxScale = 0x1p-100f;
+static_assert(kZeroAmaxScale < 0x1p-60f, "the zero case must not be fast (make_divisor)");
+
 // x / s for a fast divisor and dividend, as the element rules see it (above).
 C10_HOST_DEVICE inline float quotient_of(float x, const Divisor& d) {
   const float q0 = mul_rn(x, d.y);
@@ -400,7 +408,8 @@ struct MinMaxFamily {
 // The amax family (fake_quantize_amax, quantize_amax, fake_quantize_fp8):
 // scale = amax / bound, range [quant_min, bound] of rint(x / scale) (integers,
 // exact in float) or of x / scale (FP8: +-max of the format); mask |x| <= amax;
-// amax <= kAmaxEpsilon quantizes everything to 0 (scale 1, range [0, 0]).
+// amax <= kAmaxEpsilon quantizes everything to 0 (range [0, 0]; the scale
+// kZeroAmaxScale, which the values and masks do not depend on).
 struct AmaxFamily {
   static constexpr Window kWindow = Window::kSymmetricInput;  // [-amax, amax]
   ParamPtr amax;
@@ -412,7 +421,7 @@ struct AmaxFamily {
     if (!valid_amax(a)) return invalid_consts<C>();
     const bool zero = a <= kAmaxEpsilon;
     Consts<C> c{};
-    c.scale = zero ? C(1) : static_cast<C>(div_rn(a, bound));
+    c.scale = zero ? C(kZeroAmaxScale) : static_cast<C>(div_rn(a, bound));
     c.lo = zero ? C(0) : static_cast<C>(quant_min);
     c.hi = zero ? C(0) : static_cast<C>(bound);
     c.zero_point = C(0);
@@ -492,7 +501,12 @@ C10_HOST_DEVICE inline C quantize_value_of_quotient(C xv, C xs, C s, C lo, C hi,
   if constexpr (F != Format::kInt) {
     static_assert(W != Window::kQuantRange, "the FP8/FP6 mask is the input window |x| <= amax");
     static_assert(O == Output::kFake, "a float format has no integer output");
-    const C c = clamp_nan(xs, lo, hi);
+    // kFinite (the fast division): lo and hi are the format's -max and max (float formats
+    // come with the amax family alone, fake_quantize_fp8, whose other range, the zero case's
+    // [0, 0], is never fast: kZeroAmaxScale), and round_to_small_float saturates to them
+    // itself (round_to_format clamps first; the FP8 conversion instruction is satfinite), so
+    // the clamp would change nothing.
+    const C c = kFinite ? xs : clamp_nan(xs, lo, hi);
     m = static_cast<M>(in_window<W>(xv, wlo, whi));
     // float64 goes through float32 first, as torch's double -> float8 cast does;
     // a zero keeps its sign (see the top of this file).
