@@ -247,6 +247,7 @@ def test_quantize_channels_innermost(dtype, sms, monkeypatch):
     # that is not aligned for vectors; 3-d input and channels_last.
     monkeypatch.setenv("FAKEQUANT_SIMT_SMS", str(sms))
     scales = torch.tensor([3.1e-3, 0.05, 2.0**-61, 7.0, 0.4, 2.0**61, 1e-30, 0.3])
+    fast_scales = torch.tensor([3.1e-3, 0.05, 0.7, 7.0, 0.4, 1.5, 0.02, 0.3])
     for rows, c in [(100, 12), (37, 16), (9, 520), (211, 24), (5, 20), (3, 7)]:
         x = shaped((rows, c), torch.float64)
         flat = x.view(-1)
@@ -259,6 +260,11 @@ def test_quantize_channels_innermost(dtype, sms, monkeypatch):
             cpu_and_cuda("fake_quantize_affine", x, scale, zp, 1, -128, 127, pack)
         cpu_and_cuda("fake_quantize_amax", x, (scale * 127).reshape(1, c), 8, False, True)
         cpu_and_cuda("fake_quantize_min_max", x, -scale.reshape(1, c), scale.reshape(1, c) * 0.75, 8)
+        # every channel's scale in the fast division's range (above, each thread's channels hold
+        # one outside it, which sends its vectors to the table's path)
+        fast = fast_scales.repeat(c // len(fast_scales) + 1)[:c]
+        cpu_and_cuda("fake_quantize_affine", x, fast, zp, 1, -128, 127, True)
+        cpu_and_cuda("fake_quantize_amax", x, (fast * 127).reshape(1, c), 8, False, True)
         cpu_and_cuda("fake_quantize_affine", x.reshape(-1)[1:].reshape(-1)[: (rows - 1) * c].reshape(rows - 1, c),
                      scale, zp, 1, -128, 127, True)  # not aligned
         three = x.reshape(1, rows, c).expand(2, rows, c).contiguous()
