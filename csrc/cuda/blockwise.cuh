@@ -242,8 +242,12 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   constexpr int kLanesPerWord = 32 / V;
   constexpr int64_t kLoad = int64_t{kWarpSize} * V;  // elements a load of the warp covers
   const float g = divisors.g.s;
-  const int G = geo.group_size;
-  const int shift = geo.group_shift;       // G = 2^shift
+  // G = 2^shift lanes a block: K itself where K < 8 (the launch's K = min(G, 8)), known at
+  // compile time so that the shifts, masks and the max's shuffle loop fold; blocks of 8, 16
+  // or 32 vectors share K = 8 and read it from the geometry.
+  constexpr int kShift = K == 2 ? 1 : K == 4 ? 2 : 3;
+  const int shift = K < 8 ? kShift : geo.group_shift;
+  const int G = 1 << shift;
   const int per_load = kWarpSize >> shift;  // blocks a load covers
   const int lane = threadIdx.x % kWarpSize;
   const int64_t first = base + static_cast<int64_t>(lane) * V;
