@@ -510,7 +510,8 @@ __device__ __noinline__ void long_vector_row_slow(const scalar_t* __restrict__ x
   constexpr int V = kVec<scalar_t>;
   for (int64_t i0 = 0; i0 < len; i0 += int64_t{kThreads} * V) {
     const int64_t i = i0 + int64_t{threadIdx.x} * V;
-    const unsigned bits = i < len ? long_vector_slow<scalar_t, F, kCentered>(xr + i, yr + i, s, degenerate, center, rule) : 0u;
+    const unsigned bits =
+        i < len ? long_vector_slow<scalar_t, F, kCentered>(xr + i, yr + i, s, degenerate, center, rule) : 0u;
     store_row_bits<V>(wr, i, len, bits);
   }
 }

@@ -302,8 +302,8 @@ __device__ __forceinline__ uint32_t abs_max_bits(const Pack<scalar_t, V>& in) {
 
 // A row's largest keys, gathered vector by vector and read once (the per-token kernels): the
 // largest abs_bits in m, or for centered rows (kCentered) the largest order keys (contract.h)
-// of x in m and of -x in n; 0 when nothing was added (but see below). bfloat16: on both 16-bit halves of each
-// word at once. A bfloat16's 16-bit order key h ^ (sign ? 0xffff : 0x8000) orders as its
+// of x in m and of -x in n; 0 when nothing was added (but see below). bfloat16: on both
+// 16-bit halves of each word at once. A bfloat16's 16-bit order key h ^ (sign ? 0xffff : 0x8000) orders as its
 // float32 key does (that key is the 16-bit one shifted up, its low half all ones for a clear
 // top bit), and -x's key is the complement of x's, so the largest key of -x is the complement
 // of the least of x's: a word takes the sign mask, an XOR, a 16-bit-pair max and min, where
