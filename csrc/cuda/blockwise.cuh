@@ -189,7 +189,8 @@ __global__ void __launch_bounds__(kThreads)
 //  2. lane b < 32 K / G takes block b of the trip: its amax (one shuffle a load), its scale
 //     (its divisions by the launch's Divisors, contract.h's blockwise_scale) and the scale's
 //     reciprocal (Divisor), made once a block rather than once a lane;
-//  3. each lane fetches its blocks' scale and reciprocal (two shuffles a load) and quantizes its
+//  3. each lane fetches its blocks' scale and reciprocal (two shuffles a load; three where the
+//     reciprocal is a Divisor's y and y_lo, not E8M0's exact one) and quantizes its
 //     vectors from registers, x / s as quotient_of (E8M0 scales: e8m0_quotient, exact), where
 //     every block of the trip is neither degenerate nor outside the divisor's fast range (one
 //     warp-wide vote); otherwise the trip again out of line (Trip::kSlow), with div_rn;
@@ -276,7 +277,7 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
     if ((lane >> (5 - shift)) == k) block_amax = a;
   }
   const float a = __uint_as_float(block_amax);
-  float s, reciprocal;
+  float s, reciprocal, reciprocal_lo = 0.0f;
   const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
   // kInside: every block of the trip has RN(amax / s) below the format's saturation limit
   // (float formats with float32 or E4M3 scales: with E4M3's rounding of the scale, the
@@ -291,6 +292,7 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
     s = blockwise_scale<S>(a, geo.scale, divisors.elem_max, divisors.g);
     const Divisor d = make_divisor(s);
     reciprocal = d.y;
+    reciprocal_lo = d.y_lo;
     const bool slow = blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a) | !divisors.fast;
     if constexpr (kInside) {
       // one vote: a trip with a block outside goes to kSaturating, which votes on `slow` again
@@ -308,12 +310,13 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
     reciprocal = 1.0f;
   }
 
-  float sk[K], yk[K];
+  float sk[K], yk[K], lk[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int owner = k * per_load + (lane >> shift);  // the lane that took this load's block
     sk[k] = __shfl_sync(kFullWarp, s, owner);
     yk[k] = __shfl_sync(kFullWarp, reciprocal, owner);
+    lk[k] = S != BlockScale::kE8M0 && !kSlow ? __shfl_sync(kFullWarp, reciprocal_lo, owner) : 0.0f;
   }
   Pack<scalar_t, V> out[K];
   unsigned bits[K];
@@ -331,7 +334,7 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
       if constexpr (kSlow) {
         v = block_element<F>(xv, b, rule, bit);
       } else {
-        const float xs = S == BlockScale::kE8M0 ? e8m0_quotient(xv, yk[k]) : quotient_of(xv, Divisor{sk[k], yk[k], true});
+        const float xs = S == BlockScale::kE8M0 ? e8m0_quotient(xv, yk[k]) : quotient_of(xv, Divisor{sk[k], yk[k], lk[k], true});
         // kFinite: the fast trips divide finite blocks by fast divisors (above); an E8M0
         // quotient is NaN only in a block holding NaN, whose scale is NaN (contract.h)
         v = blockwise_value_of_quotient<F, true, kInside>(xs, sk[k], rule, bit);

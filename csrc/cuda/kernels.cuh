@@ -93,14 +93,17 @@ struct UniformParams {
 };
 
 // With float compute it also holds the scale's Divisor (contract.h), so that a vector whose
-// elements are all in its fast range divides by two multiplies and four FMAs an element.
+// elements are all in its fast range divides by two multiplies and three FMAs an element, and
+// the bound of that range (dividend_limit: one comparison an element, the Divisor's own test
+// folded in).
 template <typename C>
 struct UniformLookup {
   Consts<C> c;
   Divisor d;
+  float limit;
   template <typename Family>
   __device__ explicit UniformLookup(const UniformParams<C, Family>& p)
-      : c(p.family.template make<C>(0)), d(make_divisor(static_cast<float>(c.scale))) {}
+      : c(p.family.template make<C>(0)), d(make_divisor(static_cast<float>(c.scale))), limit(dividend_limit(d)) {}
   __device__ __forceinline__ void seek(int64_t) {}
   __device__ __forceinline__ const Consts<C>& get(int) { return c; }
 };
@@ -442,21 +445,31 @@ __device__ __forceinline__ unsigned quantize_fast(scalar_t* __restrict__ y, cons
 }
 
 // `fast` and whether every element of the vector is in the fast division's range
-// (fast_dividend), in one chain of predicates.
+// (fast_dividend), in one chain of predicates; or, given a float, whether every |element| is
+// at most that bound (dividend_limit: the divisor's test and the elements' in one).
 template <int V>
 __device__ __forceinline__ bool fast_dividends(const Pack<float, V>& xf, bool fast = true) {
 #pragma unroll
   for (int k = 0; k < V; ++k) fast &= fast_dividend(xf.v[k]);
   return fast;
 }
+template <int V>
+__device__ __forceinline__ bool fast_dividends(const Pack<float, V>& xf, float limit) {
+  bool fast = true;
+#pragma unroll
+  for (int k = 0; k < V; ++k) fast &= abs_value(xf.v[k]) <= limit;
+  return fast;
+}
 
 // V elements with one set of constants and its Divisor, where the divisor and every
-// element allow the fast division: returns false (and writes nothing) where not.
-template <int V, Format F, Output O, Window W, typename scalar_t>
+// element allow the fast division (`fast`: the Divisor's own test, or its dividend_limit):
+// returns false (and writes nothing) where not.
+template <int V, Format F, Output O, Window W, typename scalar_t, typename Fast>
 __device__ __forceinline__ bool quantize_vector_one(scalar_t* __restrict__ y, const Pack<scalar_t, V>& in,
-                                                    const Consts<float>& c, const Divisor& d, unsigned& bits) {
+                                                    const Consts<float>& c, const Divisor& d, Fast fast,
+                                                    unsigned& bits) {
   const Pack<float, V> xf = to_floats(in);
-  if (!fast_dividends(xf, d.fast)) return false;
+  if (!fast_dividends(xf, fast)) return false;
   bits = quantize_fast<V, F, O, W>(y, xf, [&](int) -> const Consts<float>& { return c; },
                                    [&](int) -> const Divisor& { return d; });
   return true;
@@ -478,7 +491,7 @@ __device__ __noinline__ unsigned quantize_vector_other(const scalar_t* __restric
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     c[k] = load_consts(params.table + lookup.j + k);
-    fast &= c[k].fast != 0.0f;
+    fast &= c[k].inverse != 0.0f;  // (with_divisor: 0 where not fast)
   }
   if (!fast) return quantize_vector_table<V, F, O, W>(x, y, e0, params);
   return quantize_fast<V, F, O, W>(y + e0, xf, [&](int k) -> const Consts<float>& { return c[k]; },
@@ -492,7 +505,7 @@ __device__ __forceinline__ unsigned quantize_vector(const scalar_t* __restrict__
                                                     int64_t e0, const Pack<scalar_t, V>& in,
                                                     UniformLookup<C>& lookup, const UniformParams<C, Family>&) {
   unsigned bits;
-  if (quantize_vector_one<V, F, O, W>(y + e0, in, lookup.c, lookup.d, bits)) return bits;
+  if (quantize_vector_one<V, F, O, W>(y + e0, in, lookup.c, lookup.d, lookup.limit, bits)) return bits;
   const Consts<C>& c = lookup.c;
   return quantize_vector_slow<V, F, O, W>(x + e0, y + e0, c.scale, c.lo, c.hi, c.zero_point, c.window_lo, c.window_hi);
 }
@@ -505,8 +518,9 @@ __device__ __forceinline__ unsigned quantize_vector(const scalar_t* __restrict__
     lookup.locate_short(static_cast<uint32_t>(e0), col, entry);
     if ((params.short_layout.step == 0) & (col + V <= params.short_layout.inner.d)) {
       const Consts<float> c = load_consts(params.table + entry);
+      const Divisor d = divisor_of(c);
       unsigned bits;
-      if (quantize_vector_one<V, F, O, W>(y + e0, in, c, divisor_of(c), bits)) return bits;
+      if (quantize_vector_one<V, F, O, W>(y + e0, in, c, d, d.fast, bits)) return bits;
     }
   }
   return quantize_vector_other<V, F, O, W>(x, y, e0, params);
@@ -596,16 +610,17 @@ __global__ void __launch_bounds__(kThreads)
 // hold the same V channels, whose constants it loads once, before its loop, so that the loop
 // is the per-tensor one with an entry an element. Two vectors a trip (as quantize_kernel); a
 // vector with an element outside the fast division's range, or a channel whose scale is,
-// goes out of line (quantize_vector_table).
-template <int V, Format F, Output O, Window W, MaskOut M, typename scalar_t>
+// goes out of line (quantize_vector_table). The channels' test is made once, before the loop,
+// and picks one of two loops (kFastChannels), so that the loop tests the elements alone.
+template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, typename scalar_t>
 __device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                         uint8_t* __restrict__ mask, int64_t e0, int64_t n,
-                                                        const Consts<float> (&c)[V], bool fast,
+                                                        const Consts<float> (&c)[V],
                                                         const TableParams<float>& params, int lane) {
   unsigned bits = 0;
   if (e0 < n) {
     const Pack<float, V> xf = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + e0));
-    if (fast_dividends(xf, fast)) {
+    if (kFastChannels && fast_dividends(xf)) {
       bits = quantize_fast<V, F, O, W>(y + e0, xf, [&](int k) -> const Consts<float>& { return c[k]; },
                                        [&](int k) { return divisor_of(c[k]); });
     } else {
@@ -614,6 +629,19 @@ __device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restri
     if constexpr (M == MaskOut::kBool) store_bool_mask<V>(mask + e0, bits);
   }
   store_packed_mask<V, M>(mask, e0, n, bits, lane);
+}
+
+// The thread's vectors tid, tid + threads, ...: the warp's, v - lane, the same for every lane,
+// decides the trip.
+template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, typename scalar_t>
+__device__ __forceinline__ void quantize_innermost_loop(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                        uint8_t* __restrict__ mask, int64_t n, int64_t threads,
+                                                        int64_t tid, const Consts<float> (&c)[V],
+                                                        const TableParams<float>& params, int lane) {
+  for (int64_t v = tid; v - lane < n / V; v += 2 * threads) {
+    quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, v * V, n, c, params, lane);
+    quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, (v + threads) * V, n, c, params, lane);
+  }
 }
 
 template <typename scalar_t, Format F, Output O, Window W, MaskOut M>
@@ -632,12 +660,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     c[k] = load_consts(first + k);
-    fast &= c[k].fast != 0.0f;
+    fast &= c[k].inverse != 0.0f;  // (with_divisor: 0 where not fast)
   }
-  // the warp's vectors: v - lane, the same for every lane, decides the trip
-  for (int64_t v = tid; v - lane < n / V; v += 2 * threads) {
-    quantize_lane_innermost<V, F, O, W, M>(x, y, mask, v * V, n, c, fast, params, lane);
-    quantize_lane_innermost<V, F, O, W, M>(x, y, mask, (v + threads) * V, n, c, fast, params, lane);
+  if (fast) {
+    quantize_innermost_loop<V, F, O, W, M, true>(x, y, mask, n, threads, tid, c, params, lane);
+  } else {
+    quantize_innermost_loop<V, F, O, W, M, false>(x, y, mask, n, threads, tid, c, params, lane);
   }
 }
 
@@ -667,8 +695,9 @@ __device__ __forceinline__ void quantize_lane_row(const scalar_t* __restrict__ x
                                                   uint8_t* __restrict__ mask, int64_t e0, int64_t n,
                                                   const Consts<float>& c, int lane) {
   const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
+  const Divisor d = divisor_of(c);
   unsigned bits;
-  if (!quantize_vector_one<V, F, O, W>(y + e0, in, c, divisor_of(c), bits)) {
+  if (!quantize_vector_one<V, F, O, W>(y + e0, in, c, d, d.fast, bits)) {
     bits = quantize_vector_slow<V, F, O, W>(x + e0, y + e0, c.scale, c.lo, c.hi, c.zero_point, c.window_lo,
                                             c.window_hi);
   }

@@ -180,37 +180,49 @@ C10_HOST_DEVICE inline float round_to_format(float v, FloatFormat f) {
 // The CUDA kernels divide many x by one s (a tensor's, a channel's or a block's scale). A
 // correctly rounded division (div_rn) costs about ten instructions an element on a GPU: a
 // reciprocal refined on every call, a range check, three FMAs and a branch around its slow
-// path. With s's correctly rounded reciprocal y = 1 / s made once, quotient_of costs five:
+// path. With s's reciprocal made once as a correctly rounded y = RN(1 / s) and the rest of it,
+// y_lo = RN((1 - s * y) * y) (the residual 1 - s * y is exact: y is faithful), quotient_of
+// costs four:
 //
-//   q0 = x * y,   q1 = q0 - (q0 * s - x) * y,   q = q1 - (q1 * s - x) * y
+//   q0 = x * y + RN(x * y_lo),   q = q0 - (q0 * s - x) * y
 //
-// (each FMA rounded once). q0 is within 1.5 ulps of x / s; the first step leaves an error of
-// about 2^-22 ulp before q1's own rounding, so q1 is within one ulp (faithful); then the
-// residual q1 * s - x is exact and q = RN(x / s) by Markstein's theorem (y correctly rounded,
-// q1 faithful; P. Markstein, IBM Journal of Research and Development 34(1), 1990), wherever
-// x / s is a normal float and |x| >= 2^-100. In the rest of the divisor's range (below) the
-// quotient is tiny: subnormal, or |x| < 2^-100 with s >= 2^-60. There q may differ from
-// RN(x / s) by the rounding of subnormal intermediates (times y <= 2^60), but both are below
-// 2^-39 in magnitude and q has the sign of x / s (copy_sign; s > 0). Every rule that consumes
-// a quotient maps such values alike: rint and each float format round them to a zero of that
-// sign, a clamp to a range holding zero keeps them (an integer grid then adds +0), and they
-// are inside every mask bound (the integer ranges hold 0, the formats' limits are >= 7).
+// (each FMA rounded once). y + y_lo is 1 / s within 2^-47 of it (relatively: the residual is
+// at most 2^-24, and y_lo's own error is about 2^-23 of y_lo), so x * y + RN(x * y_lo) is x / s
+// within about 2^-46 of it, and q0, its one rounding, is within half an ulp and 2^-23 of one
+// of x / s: faithful. Then the residual q0 * s - x is exact and q = RN(x / s) by Markstein's
+// theorem (y correctly rounded, q0 faithful; P. Markstein, IBM Journal of Research and
+// Development 34(1), 1990), wherever |x / s| >= 2^-125 and |x| >= 2^-100 (a subnormal
+// x * y_lo is off by at most 2^-150, a quarter ulp of such a quotient). In the rest of the
+// divisor's range (below) the quotient is tiny: |x / s| < 2^-125, or |x| < 2^-100 with
+// s >= 2^-60. There q may differ from RN(x / s) by the rounding of subnormal intermediates
+// (times y <= 2^60), but both are below 2^-39 in magnitude and q has the sign of x / s
+// (copy_sign; s > 0). Every rule that consumes a quotient maps such values alike: rint and
+// each float format round them to a zero of that sign, a clamp to a range holding zero keeps
+// them (an integer grid then adds +0), and they are inside every mask bound (the integer
+// ranges hold 0, the formats' limits are >= 7).
 // Hence the element rules give the same bits with quotient_of as with div_rn (the LSQ
 // gradient, which uses x / s itself, keeps div_rn). The fast range: 2^-60 <= s <= 2^60
-// (Divisor::fast, decided once) and |x| <= 2^60, NaN excluded (fast_dividend: per element,
-// or per block from its amax); elsewhere the kernels call div_rn. tests/test_divisor.py
-// checks the claim over millions of quotients, every x of some divisors in `make slow`.
+// (Divisor::fast, decided once; then y_lo neither underflows, the residual being 0 or at
+// least 2^-48, nor overflows) and |x| <= 2^60, NaN excluded (fast_dividend: per element, or
+// per block from its amax); elsewhere the kernels call div_rn. tests/test_divisor.py checks
+// the claim over millions of quotients, every x of some divisors in `make slow`.
 struct Divisor {
-  float s, y;  // y = RN(1 / s) where fast
+  float s, y, y_lo;  // y + y_lo = 1 / s where fast (y = RN(1 / s)); else 1 and 0
   bool fast;
 };
 
 C10_HOST_DEVICE inline Divisor make_divisor(float s) {
-  const bool fast = (s >= 0x1p-60f) & (s <= 0x1p60f);  // NaN: not fast
-  return Divisor{s, fast ? div_rn(1.0f, s) : 1.0f, fast};
+  const bool fast = (s >= 0x1p-60f) & (s <= 0x1p60f);  // NaN: not fast (2^60: kFastDividend's bound)
+  if (!fast) return Divisor{s, 1.0f, 0.0f, false};
+  const float y = div_rn(1.0f, s);
+  return Divisor{s, y, mul_rn(fma_rn(-s, y, 1.0f), y), true};
 }
 
-C10_HOST_DEVICE inline bool fast_dividend(float x) { return abs_value(x) <= 0x1p60f; }  // NaN: false
+constexpr float kFastDividend = 0x1p60f;
+C10_HOST_DEVICE inline bool fast_dividend(float x) { return abs_value(x) <= kFastDividend; }  // NaN: false
+// The bound on |x| that makes x a fast dividend of d: kFastDividend, or -1 (none) where d is
+// not fast, so that one comparison an element tests both (kernels that hold one Divisor).
+C10_HOST_DEVICE inline float dividend_limit(const Divisor& d) { return d.fast ? kFastDividend : -1.0f; }
 
 // The scale of the amax family's zero case (amax <= kAmaxEpsilon, range [0, 0]): every
 // output is the clamp's 0 (or NaN) times the scale, so any positive scale gives the same
@@ -222,9 +234,8 @@ static_assert(kZeroAmaxScale < 0x1p-60f, "the zero case must not be fast (make_d
 
 // x / s for a fast divisor and dividend, as the element rules see it (above).
 C10_HOST_DEVICE inline float quotient_of(float x, const Divisor& d) {
-  const float q0 = mul_rn(x, d.y);
-  const float q1 = fma_rn(-fma_rn(q0, d.s, -x), d.y, q0);
-  const float q = fma_rn(-fma_rn(q1, d.s, -x), d.y, q1);
+  const float q0 = fma_rn(x, d.y, mul_rn(x, d.y_lo));
+  const float q = fma_rn(-fma_rn(q0, d.s, -x), d.y, q0);
   return copy_sign(q, x);
 }
 
@@ -288,10 +299,11 @@ struct ParamPtr {
 // x / scale for the FP8 grids (+-max of the format); the mask window is
 // [window_lo, window_hi] of x where the mask is the input window. Eight members,
 // so that a CUDA table entry is two (float) or four (double) 128-bit loads; the last
-// two keep the scale's Divisor where a table holds it (with_divisor), else 0.
+// two keep the scale's Divisor where a table holds it (with_divisor: y and y_lo, y = 0
+// where the scale is not fast), else 0.
 template <typename C>
 struct alignas(8 * sizeof(C)) Consts {
-  C scale, lo, hi, zero_point, window_lo, window_hi, inverse, fast;
+  C scale, lo, hi, zero_point, window_lo, window_hi, inverse, inverse_lo;
 };
 
 // A float32 entry with its scale's Divisor (contract's division, above) made once, for
@@ -300,13 +312,13 @@ struct alignas(8 * sizeof(C)) Consts {
 C10_HOST_DEVICE inline Consts<float> with_divisor(const Consts<float>& entry) {
   Consts<float> c = entry;
   const Divisor d = make_divisor(c.scale);
-  c.inverse = d.y;
-  c.fast = d.fast ? 1.0f : 0.0f;
+  c.inverse = d.fast ? d.y : 0.0f;  // a fast y is at least 2^-60
+  c.inverse_lo = d.y_lo;
   return c;
 }
 C10_HOST_DEVICE inline Consts<double> with_divisor(const Consts<double>& c) { return c; }
 C10_HOST_DEVICE inline Divisor divisor_of(const Consts<float>& c) {
-  return Divisor{c.scale, c.inverse, c.fast != 0.0f};
+  return Divisor{c.scale, c.inverse, c.inverse_lo, c.inverse != 0.0f};
 }
 
 // An invalid parameter: NaN outputs and mask 0 (every comparison with NaN is false).
