@@ -470,15 +470,26 @@ def test_blockwise_vectors(block_size, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_blockwise_long_rows_held_and_read_twice(dtype):
-    # Long blocks of whole mask words in aligned memory: held in registers up to 8 steps of the
-    # thread block's vectors (8192 float32 or 16384 16-bit elements), read twice beyond: the
-    # lengths on either side of a step and of the 8 steps.
+    # Long blocks of whole mask words in aligned memory: a warp a block for whole steps of the
+    # warp's vectors up to 16 (2048 float32 or 4096 16-bit elements), else held in registers up
+    # to 8 steps of the thread block's vectors (8192 float32 or 16384 16-bit elements), read
+    # twice beyond: the lengths on either side of each, a partial step of either.
     vec = 16 // torch.tensor([], dtype=dtype).element_size()
-    step = 256 * vec
-    for block_size in (1024 + 32, 2 * step, 8 * step - 32, 8 * step, 8 * step + 32, 12 * step):
+    step, warp_step = 256 * vec, 32 * vec
+    for block_size in (1024 + 32, 16 * warp_step - 32, 16 * warp_step, 16 * warp_step + warp_step,
+                       8 * step - 32, 8 * step, 8 * step + 32, 12 * step):
         x = vector_blocks(5, block_size, dtype, 0)
         for element in ("int8", "centered_int8", "nvfp4"):
             blockwise(x, block_size, element)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_blockwise_long_rows_warps_grid_steps(dtype):
+    # A warp a row over about 2.5 steps of the capped grid (128 warps): rows of 1024 elements,
+    # each warp's rows blockIdx * 8 + warp, plus 8 * gridDim each step.
+    x = data(323 * 1024, dtype).reshape(323, 1024)
+    for element in ("centered_int8", "int8"):
+        blockwise(x, 1024, element)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -137,17 +137,24 @@ def _block_kernels() -> List[Kernel]:
 def _long_block_kernels() -> List[Kernel]:
     """Blocks of 1024 elements or more (per token: a whole row; here int8 about the row's centre,
     Model Optimizer's dynamic per-token asymmetric rule): blockwise_long_vector_kernel<scalar_t,
-    Format, centered, held> with held (rows of up to 8 steps of a thread block's vectors in
-    registers, read once: its loop is a block, both passes, 8 vectors a thread) where the build
-    has it; else blockwise_long_vector_kernel<scalar_t, Format, centered> (one 16-byte vector a
-    thread and step of its second pass; the first pass, the max, reads the block once more);
-    else blockwise_long_kernel<scalar_t, Format> (one element)."""
-    return [Kernel(f"per token (rows of 1024 or more, centered int8), {dname}",
-                   [(rf"blockwise_long_vector_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, true, true>",
-                     8 * 16 // size),
-                    (rf"blockwise_long_vector_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, true>", 16 // size),
-                    (rf"blockwise_long_kernel<{re.escape(ctype)}, \(fakequant::Format\)0>", 1)], 2 * size)
-            for dname, ctype, size in _DTYPES]
+    Format, centered, held, group>. A warp a row (group 32) for rows of up to 16 of a warp's
+    vectors a thread (4096 bfloat16, 2048 float32 elements), held in registers: its loop is a
+    row, both passes, 16 vectors a thread. A thread block a row (group 256), held for rows of up
+    to 8 of its vectors a thread: its loop is a row of 8 vectors a thread (a shorter row pays the
+    same row costs for fewer: 2 vectors a thread at 4096 bfloat16 elements, what the warp kernel
+    is for); older builds had no group (and before them no held kernel: one 16-byte vector a
+    thread and step of the second pass; before that blockwise_long_kernel, one element)."""
+    out = []
+    for dname, ctype, size in _DTYPES:
+        c = re.escape(ctype)
+        head = rf"blockwise_long_vector_kernel<{c}, \(fakequant::Format\)0, true"
+        out.append(Kernel(f"per token, a warp a row (rows of 1024 to {512 * 16 // size}, centered int8), {dname}",
+                          [(rf"{head}, true, 32>", 16 * 16 // size)], 2 * size))
+        out.append(Kernel(f"per token (rows of 1024 or more, centered int8), {dname}",
+                          [(rf"{head}, true, 256>", 8 * 16 // size), (rf"{head}, true>", 8 * 16 // size),
+                           (rf"{head}>", 16 // size),
+                           (rf"blockwise_long_kernel<{c}, \(fakequant::Format\)0>", 1)], 2 * size))
+    return out
 
 
 def _ggml_kernels() -> List[Kernel]:

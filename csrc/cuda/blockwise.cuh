@@ -17,7 +17,9 @@
 // (the second time from L1/L2).
 // Blocks of kLongBlock elements or more: a whole thread block handles one
 // block (the max through shuffles and shared memory), so that a block of
-// 70,000 elements does not run on one warp.
+// 70,000 elements does not run on one warp; but in aligned memory a block of at most
+// 16 whole steps of a warp's vectors (per token: rows of the common hidden sizes,
+// up to 4096 bfloat16 elements) takes one warp (blockwise_long_vector_kernel).
 //
 // Mask bits are gathered with __ballot_sync. The mask is exactly ceil(n / 8)
 // bytes. Where every 32-bit word of it has one writer (power-of-two blocks, or
@@ -30,7 +32,7 @@ namespace fakequant {
 namespace gpu {
 namespace {
 
-// Blocks of this many elements or more take a thread block each.
+// Blocks of this many elements or more take a thread block each (or a warp: above).
 constexpr int64_t kLongBlock = 1024;
 
 // The contract's geometry and how the kernels walk it.
@@ -404,16 +406,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The max of m and of n over the warp, in every lane. Every lane of the warp calls it together.
+__device__ __forceinline__ void warp_max(uint32_t& m, uint32_t& n) {
+  for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
+    m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
+    n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
+  }
+}
+
 // The max of m and of n over the thread block, in every thread: shuffles within each warp, then
 // the warps' through the block's shared words warp_amax and warp_neg (kWarpsPerBlock each),
 // which are free again when it returns. Every thread of the block calls it together.
 __device__ __forceinline__ void thread_block_max(uint32_t& m, uint32_t& n, uint32_t* warp_amax, uint32_t* warp_neg) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
-    m = max(m, __shfl_xor_sync(kFullWarp, m, lanes));
-    n = max(n, __shfl_xor_sync(kFullWarp, n, lanes));
-  }
+  warp_max(m, n);
   if (lane == 0) {
     warp_amax[warp] = m;
     warp_neg[warp] = n;
@@ -493,75 +500,101 @@ __device__ __noinline__ unsigned long_vector_slow(const scalar_t* __restrict__ x
   return bits;
 }
 
-// The mask bits of a step of a row (V a lane, the lane's vector at offset i): the first lane of
-// each 32 / V gathers theirs into the word it stores (a row is whole words: its length is a
-// multiple of 32). Every lane of the warp calls it together.
-template <int V, typename Off>
-__device__ __forceinline__ void store_row_bits(uint32_t* __restrict__ wr, Off i, Off len, unsigned bits) {
+// The mask bits of a step of a row (V a lane, the lane's vector at offset i, in the row where
+// in_row): the first lane of each 32 / V gathers theirs into the word it stores, `word`, the
+// row's word i / 32 (a row is whole words: its length is a multiple of 32). Every lane of the
+// warp calls it together.
+template <int V>
+__device__ __forceinline__ void store_row_bits(uint32_t* __restrict__ word, bool in_row, unsigned bits) {
   constexpr int kLanesPerWord = 32 / V;
 #pragma unroll
   for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s2) << (V * s2);
-  if (threadIdx.x % kLanesPerWord == 0 && i < len) wr[i / 32] = bits;
+  if (threadIdx.x % kLanesPerWord == 0 && in_row) *word = bits;
 }
 
 // The second pass of a row whose scale or amax is outside the fast division's range, or which
-// is degenerate: long_vector_slow a vector, the row read again. The whole thread block calls it.
-template <typename scalar_t, Format F, bool kCentered>
+// is degenerate: long_vector_slow a vector, the row read again. The row's kGroup threads (t:
+// this one's index among them) call it together.
+template <typename scalar_t, Format F, bool kCentered, int kGroup>
 __device__ __noinline__ void long_vector_row_slow(const scalar_t* __restrict__ xr, scalar_t* __restrict__ yr,
                                                   uint32_t* __restrict__ wr, int64_t len, float s,
-                                                  bool degenerate, float center, const BlockRule<float> rule) {
+                                                  bool degenerate, float center, const BlockRule<float> rule, int t) {
   constexpr int V = kVec<scalar_t>;
-  for (int64_t i0 = 0; i0 < len; i0 += int64_t{kThreads} * V) {
-    const int64_t i = i0 + int64_t{threadIdx.x} * V;
+  for (int64_t i0 = 0; i0 < len; i0 += int64_t{kGroup} * V) {
+    const int64_t i = i0 + int64_t{t} * V;
     const unsigned bits =
         i < len ? long_vector_slow<scalar_t, F, kCentered>(xr + i, yr + i, s, degenerate, center, rule) : 0u;
-    store_row_bits<V>(wr, i, len, bits);
+    store_row_bits<V>(wr + i / 32, i < len, bits);
   }
 }
 
-// kHeld: blocks of at most kHeldSteps steps (kThreads * V * kHeldSteps elements: rows of up to
-// 8192 float32 or 16384 bfloat16 elements), each thread's vectors held in registers between the
-// passes, so that the block is read once; otherwise any length, read twice (the second time
-// from L2).
+// kGroup, the threads that share a block: the thread block (kThreads), or a warp (kWarpSize),
+// each warp of the thread block on blocks of its own, whose max is the warp's shuffles (no
+// shared memory, no barrier). kHeld: blocks of at most the group's held steps (kHeldSteps of
+// the thread block's vectors: rows of up to 8192 float32 or 16384 bfloat16 elements;
+// kWarpHeldSteps of a warp's: 2048 float32 or 4096 bfloat16, the common hidden sizes, where a
+// thread block would hold one or two vectors a thread and pay the row's max, scale and Divisor
+// for those), each thread's vectors held in registers between the passes, so that the block is
+// read once; otherwise (the thread block only) any length, read twice (the second time from
+// L2). A warp's blocks are whole steps (a multiple of 32 V elements: the launch sees to it), so
+// that its steps test nothing but the block's end.
 constexpr int kHeldSteps = 8;
+constexpr int kWarpHeldSteps = 16;
 
-template <typename scalar_t, Format F, bool kCentered, bool kHeld>
+template <typename scalar_t, Format F, bool kCentered, bool kHeld, int kGroup>
 __global__ void __launch_bounds__(kThreads)
     blockwise_long_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                  uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
                                  const BlockRule<float> rule, const ParamPtr scale_amax) {
+  static_assert(kGroup == kThreads || (kGroup == kWarpSize && kHeld), "a thread block, or a warp holding its rows");
   constexpr int V = kVec<scalar_t>;
-  // Offsets within a row: 32-bit where the row is held (kHeldSteps steps at most).
+  constexpr int kGroups = kThreads / kGroup;  // blocks a thread block works on at once
+  constexpr int kSteps = kGroup == kWarpSize ? kWarpHeldSteps : kHeldSteps;
+  // Offsets within a row: 32-bit where the row is held (kSteps steps at most).
   using Off = std::conditional_t<kHeld, int, int64_t>;
-  constexpr Off kStep = Off{kThreads} * V;
+  constexpr Off kStep = Off{kGroup} * V;
+  constexpr bool kWholeSteps = kGroup == kWarpSize;
   FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
   FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
-  const int t = threadIdx.x;
+  // (the launch's blockDim.x is kThreads: a thread block's group is all of it)
+  const int t = kGroup == kThreads ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % kGroup;
+  const int group = kGroup == kThreads ? 0 : static_cast<int>(threadIdx.x) / kGroup;
   const float g = global_scale(geo, scale_amax);
   const Off len = static_cast<Off>(geo.block_size);  // every block whole (the uniform geometry)
-  // the passes' steps: kHeldSteps (some past the end) or as many as the block needs
-  const Off steps = kHeld ? kHeldSteps : (len + kStep - 1) / kStep;
+  // the passes' steps: kSteps (some past the end) or as many as the block needs
+  const Off steps = kHeld ? kSteps : (len + kStep - 1) / kStep;
 
-  for (int64_t blk = blockIdx.x; blk < geo.total_blocks; blk += gridDim.x) {  // the same for the whole block
+  // (the same for the whole group)
+  for (int64_t blk = int64_t{blockIdx.x} * kGroups + group; blk < geo.total_blocks;
+       blk += int64_t{gridDim.x} * kGroups) {
     const int64_t start = blk * geo.block_size;
     const scalar_t* __restrict__ xr = x + start;
     scalar_t* __restrict__ yr = y + start;
     uint32_t* __restrict__ wr = mask_words + start / 32;  // (blocks are whole words)
-    Pack<scalar_t, V> held[kHeld ? kHeldSteps : 1];
+    // this thread's vector of step k at k * kStep from these (constant offsets where unrolled),
+    // its mask word (where it stores one) at k * kStep / 32 words
+    const scalar_t* __restrict__ xt = xr + Off{t} * V;
+    scalar_t* __restrict__ yt = yr + Off{t} * V;
+    uint32_t* __restrict__ wt = wr + Off{t} * V / 32;
+    Pack<scalar_t, V> held[kHeld ? kSteps : 1];
     RowKeys<scalar_t, kCentered> keys;
 #pragma unroll
     for (Off k = 0; k < steps; ++k) {
-      if (k * kStep >= len) break;  // (the whole thread block alike)
+      if (k * kStep >= len) break;  // (the whole group alike)
       const Off i = k * kStep + Off{t} * V;
-      if (i < len) {
-        const Pack<scalar_t, V> raw = *reinterpret_cast<const Pack<scalar_t, V>*>(xr + i);
+      if (kWholeSteps || i < len) {
+        const Pack<scalar_t, V> raw = *reinterpret_cast<const Pack<scalar_t, V>*>(xt + k * kStep);
         if constexpr (kHeld) held[k] = raw;
         keys.add(raw);
       }
     }
     uint32_t m, n;
     keys.read(m, n);
-    thread_block_max(m, n, warp_amax, warp_neg);
+    if constexpr (kGroup == kWarpSize) {
+      warp_max(m, n);
+    } else {
+      thread_block_max(m, n, warp_amax, warp_neg);
+    }
     float amax = __uint_as_float(m), center = 0.0f;
     if constexpr (kCentered) {
       const Centered cb = centered_block(m, n);
@@ -572,18 +605,19 @@ __global__ void __launch_bounds__(kThreads)
     const bool degenerate = blockwise_degenerate(amax, s, g, geo.scale.kind);
     const Divisor d = make_divisor(s);
 
-    if (!(!degenerate & d.fast & fast_dividend(amax))) {  // (the same in every thread)
-      long_vector_row_slow<scalar_t, F, kCentered>(xr, yr, wr, geo.block_size, s, degenerate, center, rule);
+    if (!(!degenerate & d.fast & fast_dividend(amax))) {  // (the same in every thread of the group)
+      long_vector_row_slow<scalar_t, F, kCentered, kGroup>(xr, yr, wr, geo.block_size, s, degenerate, center, rule,
+                                                           t);
       continue;
     }
 #pragma unroll
     for (Off k = 0; k < steps; ++k) {
-      if (k * kStep >= len) break;  // (the whole thread block alike)
+      if (k * kStep >= len) break;  // (the whole group alike)
       const Off i = k * kStep + Off{t} * V;
       unsigned bits = 0;
-      if (i < len) {
+      if (kWholeSteps || i < len) {
         const Pack<float, V> in =
-            to_floats(kHeld ? held[kHeld ? k : 0] : *reinterpret_cast<const Pack<scalar_t, V>*>(xr + i));
+            to_floats(kHeld ? held[kHeld ? k : 0] : *reinterpret_cast<const Pack<scalar_t, V>*>(xt + k * kStep));
         Pack<scalar_t, V> out;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -594,9 +628,9 @@ __global__ void __launch_bounds__(kThreads)
           out.v[j] = static_cast<scalar_t>(kCentered ? add_rn(v, center) : v);
           bits |= bit << j;
         }
-        *reinterpret_cast<Pack<scalar_t, V>*>(yr + i) = out;
+        *reinterpret_cast<Pack<scalar_t, V>*>(yt + k * kStep) = out;
       }
-      store_row_bits<V>(wr, i, len, bits);
+      store_row_bits<V>(wt + k * kStep / 32, kWholeSteps || i < len, bits);
     }
   }
 }
@@ -656,12 +690,26 @@ void blockwise_typed(const BlockwiseJob& job) {
       if (long_blocks && uniform && geo.block_size % kWarpSize == 0 && aligned16(xp) && aligned16(yp)) {
         with_blockwise_format(job.format, [&](auto format_tag) {
           constexpr Format F = decltype(format_tag)::value;
-          const bool held = geo.block_size <= int64_t{kThreads} * V * kHeldSteps;
-          auto* kernel = geo.centered ? (held ? &blockwise_long_vector_kernel<scalar_t, F, true, true>
-                                              : &blockwise_long_vector_kernel<scalar_t, F, true, false>)
-                                      : (held ? &blockwise_long_vector_kernel<scalar_t, F, false, true>
-                                              : &blockwise_long_vector_kernel<scalar_t, F, false, false>);
-          launch_kernel(kernel, blocks, stream, xp, yp, words, geo, rule, job.scale_amax);
+          auto launch = [&](auto centered_tag) {
+            constexpr bool kCentered = decltype(centered_tag)::value;
+            if (geo.block_size <= int64_t{kWarpSize} * V * kWarpHeldSteps &&
+                geo.block_size % (int64_t{kWarpSize} * V) == 0) {  // a warp a block, whole steps
+              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, true, kWarpSize>,
+                            grid_for(geo.total_blocks, job.x.get_device()), stream, xp, yp, words, geo, rule,
+                            job.scale_amax);
+            } else if (geo.block_size <= int64_t{kThreads} * V * kHeldSteps) {
+              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, true, kThreads>, blocks, stream, xp,
+                            yp, words, geo, rule, job.scale_amax);
+            } else {
+              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, false, kThreads>, blocks, stream,
+                            xp, yp, words, geo, rule, job.scale_amax);
+            }
+          };
+          if (geo.centered) {
+            launch(std::true_type{});
+          } else {
+            launch(std::false_type{});
+          }
         });
         return;
       }

@@ -305,18 +305,23 @@ __device__ __forceinline__ uint32_t abs_max_bits(const Pack<scalar_t, V>& in) {
 
 // A row's largest keys, gathered vector by vector and read once (the per-token kernels): the
 // largest abs_bits in m, or for centered rows (kCentered) the largest order keys (contract.h)
-// of x in m and of -x in n; 0 when nothing was added (but see below). bfloat16: on both
-// 16-bit halves of each word at once. A bfloat16's 16-bit order key h ^ (sign ? 0xffff : 0x8000) orders as its
-// float32 key does (that key is the 16-bit one shifted up, its low half all ones for a clear
-// top bit), and -x's key is the complement of x's, so the largest key of -x is the complement
-// of the least of x's: a word takes the sign mask, an XOR, a 16-bit-pair max and min, where
-// the float32 route takes a conversion, two keys and two max an element. A thread with no
-// elements reads 0xffff for a centered row, the key of the least bfloat16 (0xffff, a NaN):
-// no bfloat16's key is below it, so the row's max is the same.
+// of x in m and of -x in n; the least key (of no number) when nothing was added.
+// bfloat16: on both 16-bit halves of each word at once. Plain rows take the max of the halves'
+// abs_bits. Centered rows take, of the raw bits h, the max as signed 16-bit integers (the
+// largest number with a clear sign bit: positives, +0 and NaNs order so), and the max and the
+// min as unsigned ones (the max, where it has the sign bit, the most negative number; the min,
+// the least positive one, or where there is none, the negative nearest zero): one 16-bit-pair
+// max or min each a word (VIMNMX), where an order key takes four instructions a word. read()
+// makes the row's max and min from them and their float32 keys: a bfloat16's 16-bit order key
+// h ^ (sign ? 0xffff : 0x8000) orders as its float32 key does (that key is the 16-bit one
+// shifted up, its low half all ones for a clear top bit), and the keys' order is the order of
+// numbers that these maxima and minima follow (-NaN least, -0 below +0, +NaN greatest).
 template <typename scalar_t, bool kCentered>
 struct RowKeys {
   static constexpr bool kPairs = std::is_same_v<scalar_t, c10::BFloat16>;
-  uint32_t m = 0, n = kPairs && kCentered ? 0xffffffffu : 0u;  // bfloat16 centered: n the least x keys
+  // bfloat16 centered: m the signed max, n the unsigned max, u the unsigned min (their
+  // identities: -32768, 0, 0xffff); otherwise m, n the keys
+  uint32_t m = kPairs && kCentered ? 0x80008000u : 0u, n = 0u, u = 0xffffffffu;
 
   template <int V>
   __device__ __forceinline__ void add(const Pack<scalar_t, V>& in) {
@@ -326,9 +331,9 @@ struct RowKeys {
 #pragma unroll
       for (int k = 0; k < V / 2; ++k) {
         if constexpr (kCentered) {
-          const uint32_t key = w[k] ^ ((((w[k] >> 15) & 0x00010001u) * 0xffffu) | 0x80008000u);
-          m = __vmaxu2(m, key);
-          n = __vminu2(n, key);
+          m = __vmaxs2(m, w[k]);
+          n = __vmaxu2(n, w[k]);
+          u = __vminu2(u, w[k]);
         } else {
           m = __vmaxu2(m, w[k] & 0x7fff7fffu);
         }
@@ -353,8 +358,13 @@ struct RowKeys {
       max_key = m;
       neg_max_key = n;
     } else if constexpr (kCentered) {
-      max_key = widen(max(m >> 16, m & 0xffffu));
-      neg_max_key = widen(~min(n >> 16, n & 0xffffu) & 0xffffu);
+      const uint32_t signed_max = static_cast<uint16_t>(max(static_cast<int16_t>(m >> 16), static_cast<int16_t>(m)));
+      const uint32_t unsigned_max = max(n >> 16, n & 0xffffu), unsigned_min = min(u >> 16, u & 0xffffu);
+      const bool negative = unsigned_max >= 0x8000u, positive = unsigned_min < 0x8000u;  // neither: nothing added
+      const uint32_t hi = positive ? signed_max : negative ? unsigned_min : 0xffffu;  // the max's bits
+      const uint32_t lo = negative ? unsigned_max : positive ? unsigned_min : 0x7fffu;  // the min's
+      max_key = widen(key16(hi));
+      neg_max_key = widen(key16(lo ^ 0x8000u));  // -min's
     } else {
       max_key = max(m & 0xffff0000u, m << 16);
       neg_max_key = 0;
@@ -362,7 +372,8 @@ struct RowKeys {
   }
 
  private:
-  // A bfloat16's float32 order key from its 16-bit one.
+  // A bfloat16's 16-bit order key, and its float32 one from that.
+  __device__ __forceinline__ static uint32_t key16(uint32_t h) { return h ^ ((h & 0x8000u) ? 0xffffu : 0x8000u); }
   __device__ __forceinline__ static uint32_t widen(uint32_t key16) {
     return (key16 << 16) | ((key16 & 0x8000u) ? 0u : 0xffffu);
   }

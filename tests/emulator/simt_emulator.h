@@ -46,7 +46,7 @@
 //   their double forms, __float2int_rn, __double2float_rn, ...) as the plain
 //   host operators, which round to nearest even once per operation when the
 //   file is compiled with -ffp-contract=off and without -ffast-math (setup.py
-//   and the emulation build do so); bit casts, __ldg, __popc, __ffs, __clz, __vmaxu2, __vminu2.
+//   and the emulation build do so); bit casts, __ldg, __popc, __ffs, __clz, __vmaxu2, __vminu2, __vmaxs2.
 // - Vector types (float2, float4, double2, int2, int4, uint2, uint4, ...) with
 //   their CUDA alignment; simt::check_aligned and fq_load/fq_store helpers
 //   report any vector access whose address is not a multiple of its size, as
@@ -883,6 +883,13 @@ inline unsigned __vmaxu2(unsigned a, unsigned b) {
 }
 inline unsigned __vminu2(unsigned a, unsigned b) {
   const unsigned hi = std::min(a >> 16, b >> 16), lo = std::min(a & 0xffffu, b & 0xffffu);
+  return (hi << 16) | lo;
+}
+// ... and on the two signed 16-bit halves (VIMNMX.S16x2).
+inline unsigned __vmaxs2(unsigned a, unsigned b) {
+  const auto half = [](unsigned v, int k) { return static_cast<int>(static_cast<int16_t>(v >> (16 * k))); };
+  const unsigned hi = static_cast<uint16_t>(std::max(half(a, 1), half(b, 1)));
+  const unsigned lo = static_cast<uint16_t>(std::max(half(a, 0), half(b, 0)));
   return (hi << 16) | lo;
 }
 inline unsigned __brev(unsigned v) {
