@@ -1,6 +1,8 @@
 // Checks contract.h's quotient_of against the correctly rounded division: for every
 // divisor s and dividend x in its fast range, the quotient equals RN(x / s) bit for bit,
-// or both are below 2^-39 in magnitude with the same sign; and the element rules (the
+// or both are below 2^-39 in magnitude with the same sign (without the sign's copy,
+// quotient_of<false>: of either sign, and the integer grid's rules give the same bits from
+// it); and the element rules (the
 // integer grid's rint, clamp and mask; each float format's rounding and mask) give the
 // same bits from either, the integer grid's also in the kFinite spelling that the
 // fast-division paths use. Built and run by tests/test_divisor.py:
@@ -90,6 +92,27 @@ void check_finite(float x, float q, float r, float s) {
   }
 }
 
+// The quotient without its sign's copy (quotient_of<false>, the integer grid's fast paths):
+// the integer grid's kFinite rules give the bits and masks of the correctly rounded r.
+void check_unsigned(float x, float u, float r, float s) {
+  const BlockRule<float> ints{-128.0f, 127.0f, 0.0f}, unsigned_ints{0.0f, 15.0f, 0.0f};
+  for (const BlockRule<float>& rule : {ints, unsigned_ints}) {
+    unsigned ma = 0, mb = 0;
+    const float a = blockwise_value_of_quotient<Format::kInt, true>(u, s, rule, ma);
+    const float b = blockwise_value_of_quotient<Format::kInt>(r, s, rule, mb);
+    if (!same_bits(a, b) || ma != mb) fail("unsigned quotient's block element", x, s, a, b);
+  }
+  for (const float zp : {0.0f, 3.0f, -128.0f}) {
+    const float lo = -128.0f - zp, hi = 127.0f - zp;
+    unsigned ma = 0, mb = 0;
+    const float a = quantize_value_of_quotient<Format::kInt, Output::kInteger, Window::kQuantRange, true>(
+        x, u, s, lo, hi, zp, 0.0f, 0.0f, ma);
+    const float b = quantize_value_of_quotient<Format::kInt, Output::kInteger, Window::kQuantRange>(
+        x, r, s, lo, hi, zp, 0.0f, 0.0f, mb);
+    if (!same_bits(a, b) || ma != mb) fail("unsigned quotient's integer output", x, s, a, b);
+  }
+}
+
 // One dividend: the quotient's claim, then the element rules.
 inline void check(float x, const Divisor& d) {
   if (!(d.fast && fast_dividend(x))) return;
@@ -97,6 +120,9 @@ inline void check(float x, const Divisor& d) {
   const float r = x / d.s;
   const bool tiny = std::fabs(q) < 0x1p-39f && std::fabs(r) < 0x1p-39f && std::signbit(q) == std::signbit(r);
   if (!(same_bits(q, r) || tiny)) fail("quotient", x, d.s, q, r);
+  const float u = quotient_of<false>(x, d);
+  if (!(same_bits(u, r) || (std::fabs(u) < 0x1p-39f && std::fabs(r) < 0x1p-39f))) fail("unsigned quotient", x, d.s, u, r);
+  if (!same_bits(u, r)) check_unsigned(x, u, r, d.s);
   if (check_spellings) check_finite(x, q, r, d.s);
   if (same_bits(q, r)) return;  // the element rules see the same value
   const BlockRule<float> ints{-128.0f, 127.0f, 0.0f};

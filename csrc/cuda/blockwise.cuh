@@ -336,7 +336,9 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
       if constexpr (kSlow) {
         v = block_element<F>(xv, b, rule, bit);
       } else {
-        const float xs = S == BlockScale::kE8M0 ? e8m0_quotient(xv, yk[k]) : quotient_of(xv, Divisor{sk[k], yk[k], lk[k], true});
+        const float xs = S == BlockScale::kE8M0
+                             ? e8m0_quotient(xv, yk[k])
+                             : quotient_of<F != Format::kInt>(xv, Divisor{sk[k], yk[k], lk[k], true});
         // kFinite: the fast trips divide finite blocks by fast divisors (above); an E8M0
         // quotient is NaN only in a block holding NaN, whose scale is NaN (contract.h)
         v = blockwise_value_of_quotient<F, true, kInside>(xs, sk[k], rule, bit);
@@ -624,7 +626,7 @@ __global__ void __launch_bounds__(kThreads)
           unsigned bit;
           const float xv = in.v[j];
           const float xc = kCentered ? sub_rn(xv, center) : xv;
-          const float v = blockwise_value_of_quotient<F, true>(quotient_of(xc, d), s, rule, bit);
+          const float v = blockwise_value_of_quotient<F, true>(quotient_of<F != Format::kInt>(xc, d), s, rule, bit);
           out.v[j] = static_cast<scalar_t>(kCentered ? add_rn(v, center) : v);
           bits |= bit << j;
         }

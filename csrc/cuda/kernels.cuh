@@ -448,7 +448,8 @@ __device__ __forceinline__ unsigned quantize_fast(scalar_t* __restrict__ y, cons
     const float xv = xf.v[k];
     const Consts<float>& c = consts(k);
     out.v[k] = static_cast<scalar_t>(quantize_value_of_quotient<F, O, W, true>(
-        xv, quotient_of(xv, divisor(k)), c.scale, c.lo, c.hi, c.zero_point, c.window_lo, c.window_hi, m));
+        xv, quotient_of<F != Format::kInt>(xv, divisor(k)), c.scale, c.lo, c.hi, c.zero_point, c.window_lo,
+        c.window_hi, m));
     bits |= m << k;
   }
   *reinterpret_cast<Pack<scalar_t, V>*>(y) = out;

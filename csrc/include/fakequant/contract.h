@@ -232,11 +232,16 @@ C10_HOST_DEVICE inline float dividend_limit(const Divisor& d) { return d.fast ? 
 constexpr float kZeroAmaxScale = 0x1p-100f;
 static_assert(kZeroAmaxScale < 0x1p-60f, "the zero case must not be fast (make_divisor)");
 
-// x / s for a fast divisor and dividend, as the element rules see it (above).
+// x / s for a fast divisor and dividend, as the element rules see it (above). kSigned = false
+// leaves out the sign's copy, for the integer grid's fast spelling alone (integer_code and
+// dequantize_code with kFinite, below): q is RN(x / s), its sign included, wherever the
+// division is exact; a tiny q, whatever its sign, rounds to a zero, which the range keeps (it
+// holds 0) and the grid makes +0 ((q + 0) * s, or q + zp): the same bits and mask either way.
+template <bool kSigned = true>
 C10_HOST_DEVICE inline float quotient_of(float x, const Divisor& d) {
   const float q0 = fma_rn(x, d.y, mul_rn(x, d.y_lo));
   const float q = fma_rn(-fma_rn(q0, d.s, -x), d.y, q0);
-  return copy_sign(q, x);
+  return kSigned ? copy_sign(q, x) : q;
 }
 
 // --- validity of parameter values ----------------------------------------------------------
