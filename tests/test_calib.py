@@ -126,6 +126,29 @@ def test_per_channel_histograms_equal_separate_ones(device):
                                                                                                      start_bin=16)
 
 
+@pytest.mark.parametrize("axis", [None, 0])
+def test_histogram_under_another_default_device(axis):
+    # The bin layout and the amax searches live on the CPU whatever default device the caller
+    # set (torch.set_default_device("cuda") put them on the GPU beside the CPU maxima: every
+    # histogram method raised there, make gpu-check's fingerprints on an H200). "meta" stands
+    # in for the GPU: factory calls without a device land there.
+    xs = [torch.randn(3, 500, generator=torch.Generator().manual_seed(s)) * (s + 1) for s in range(3)]
+    plain, other = (calib.HistogramCalibrator(8, axis, False, num_bins=300) for _ in range(2))
+    for x in xs:
+        plain.collect(x)
+    with torch.device("meta"):
+        for x in xs:
+            other.collect(x)
+        got = {m: other.compute_amax(m, start_bin=16) for m in ("entropy", "mse", "percentile", "max")}
+        edges = other._calib_bin_edges
+    for method, amax in got.items():
+        assert amax.device.type == "cpu"
+        assert bits_equal(amax, plain.compute_amax(method, start_bin=16)), method
+    want = plain._calib_bin_edges
+    for e, w in zip(edges if isinstance(edges, list) else [edges], want if isinstance(want, list) else [want]):
+        assert bits_equal(e, w)
+
+
 def test_histogram_rejects_bad_input():
     c = calib.HistogramCalibrator(8, None, False)
     with pytest.raises(ValueError, match="inf or NaN"):

@@ -133,7 +133,8 @@ def test_per_channel_last_axis_equals_cpu(dtype):
         check_same(lambda t, a: ops.fake_quantize_amax(t, a, 8, False, True), x, amax, what=f"amax {rows}x{c}")
     x = random_values((8, 32, 17, 9), dtype, seed=5).contiguous(memory_format=torch.channels_last)
     scale = torch.rand(32) * 0.05 + 0.001
-    check_same(lambda t, s: ops.fake_quantize_affine(t, s, torch.zeros(32, dtype=torch.int32), 1, -128, 127),
+    check_same(lambda t, s: ops.fake_quantize_affine(t, s, torch.zeros(32, dtype=torch.int32, device=t.device), 1,
+                                                     -128, 127),
                x, scale, what="channels_last")
 
 

@@ -10,10 +10,11 @@ pytorch-quantization's O(bins^2) Python loop.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 
@@ -29,6 +30,19 @@ __all__ = ["HistogramCalibrator"]
 # Elements histogrammed per step (bounds the index temporaries; 2^20 keeps them in cache).
 _CHUNK = 1 << 20
 METHODS = ("entropy", "mse", "percentile", "max")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _on_host(method: _F) -> _F:
+    """``method`` with the CPU as torch's default device: the bin layout, the maxima and the
+    amax searches live on the CPU (the counts on the collected tensors' device, named where
+    they are made) whatever default device the caller chose (``torch.set_default_device``)."""
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.device("cpu"):
+            return method(*args, **kwargs)
+    return run  # type: ignore[return-value]
 
 
 def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -105,6 +119,7 @@ class HistogramCalibrator(_Calibrator):
     def narrow_range(self, value: bool) -> None:
         self._narrow_range = _core.check_bool(value, "narrow_range")
 
+    @_on_host
     def _edges(self, c: int) -> torch.Tensor:
         assert self._used is not None and self._width is not None  # (something was collected)
         n = int(self._used[c])
@@ -147,6 +162,7 @@ class HistogramCalibrator(_Calibrator):
         with torch.no_grad():
             self._collect(x.detach())
 
+    @_on_host
     def _collect(self, x: torch.Tensor) -> None:
         if getattr(self, "_local", None) is not None:  # collecting after a sync(): from this rank's own data
             self._restore_local()
@@ -231,6 +247,7 @@ class HistogramCalibrator(_Calibrator):
             setattr(self, name, value)
         self._local = None
 
+    @_on_host
     def sync(self, group: Optional[ProcessGroup] = None) -> None:
         """Merges the histograms of every rank of ``group`` (default: the world)
         of torch.distributed, so that :meth:`compute_amax` gives every rank the
@@ -287,6 +304,7 @@ class HistogramCalibrator(_Calibrator):
     _rebin = staticmethod(_histogram_merge.rebin)
 
     # -- amax ------------------------------------------------------------------
+    @_on_host
     def compute_amax(
         self, method: str, *, stride: int = 1, start_bin: int = 128, percentile: float = 99.99
     ) -> Optional[torch.Tensor]:
