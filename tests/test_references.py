@@ -20,6 +20,9 @@ NOT_FILES = {
     "../examples/x.py": "docs/conf.py: an example of what a link outside docs/ becomes",
 }
 PLACEHOLDER = re.compile(r"^(DIR|ROOT|OUT|build|dist|\.venv[\w-]*)/")
+# Records of runs, kept as they were printed: their paths are the running machine's files
+# (site-packages, torch's own sources in its log lines), not the repository's.
+RECORDS = ("benchmarks/results/",)
 
 
 def _tracked():
@@ -27,7 +30,8 @@ def _tracked():
         out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
-    return [ROOT / f for f in out.split() if f.endswith(SUFFIXES) or f.endswith("Makefile")]
+    return [ROOT / f for f in out.split()
+            if (f.endswith(SUFFIXES) or f.endswith("Makefile")) and not f.startswith(RECORDS)]
 
 
 def _mentions(path):
