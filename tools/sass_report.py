@@ -76,16 +76,20 @@ def _table_pattern(ctype: str, size: int) -> Callable[[str], Tuple[str, int]]:
     def pattern(window: str) -> Tuple[str, int]:
         return (rf"quantize_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, \(fakequant::Output\)0, "
                 rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, "
-                rf"fakequant::gpu::TableParams<float>", 2 * 16 // size)
+                rf"fakequant::gpu::TableParams<float>", QUANTIZE_TRIP * 16 // size)
     return pattern
+
+
+QUANTIZE_TRIP = 4  # kQuantizeTrip (csrc/cuda/kernels.cuh)
 
 
 def _quantize_kernels() -> List[Kernel]:
     """quantize_kernel<scalar_t, Format, Output, Window, MaskOut, Params> (kernels.cuh):
     Format 0 is int, 4 E4M3; Output 0 fake; Window 0 the quantization range, 1 the input, 2
     the symmetric input (the amax family's since issue 36; 1 before); MaskOut 0 packed. Each
-    lane takes two 16-byte vectors a trip (one before issue 36: that build's per-element
-    counts are twice what this report prints for it)."""
+    lane takes QUANTIZE_TRIP 16-byte vectors a trip (kQuantizeTrip: four since the loads of a
+    trip were made first, two before, one before issue 36: such a build's per-element counts
+    are 2 or 4 times what this report prints for it)."""
     cases = [("per-tensor amax int8", 0, "[12]", "UniformParams<float, fakequant::AmaxFamily>"),
              ("per-tensor affine", 0, "0", "UniformParams<float, fakequant::AffineFamily>"),
              ("per-tensor min/max", 0, "1", "UniformParams<float, fakequant::MinMaxFamily>"),
@@ -95,7 +99,7 @@ def _quantize_kernels() -> List[Kernel]:
         for label, fmt, window, params in cases:
             pattern = (rf"quantize_kernel<{re.escape(ctype)}, \(fakequant::Format\){fmt}, \(fakequant::Output\)0, "
                        rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, fakequant::gpu::{re.escape(params)}")
-            out.append(Kernel(f"{label}, {dname}", [(pattern, 2 * 16 // size)], 2 * size))
+            out.append(Kernel(f"{label}, {dname}", [(pattern, QUANTIZE_TRIP * 16 // size)], 2 * size))
         # per channel where each run of the innermost dimension shares a channel: the rows'
         # constants in shared memory (quantize_rows_kernel) since issue 36, a table before
         rows, table = _rows_pattern(ctype, size), _table_pattern(ctype, size)

@@ -552,18 +552,29 @@ __device__ __forceinline__ void store_packed_mask(uint8_t* __restrict__ mask, in
   }
 }
 
-// One lane's part of a warp tile: elements e0 .. e0 + V - 1. With V > 1 they
-// are all in range and 16-byte aligned; with V == 1, e0 may be past the end.
+// A lane's elements e0 .. e0 + V - 1, 16-byte aligned where V > 1; kGuarded (always with V ==
+// 1): e0 may be past the end, and the lane gets zeros that nothing uses. A kernel loads a trip's vectors
+// before it computes any: no load moves past a store or an out-of-line path, so that loads
+// made as each vector's work begins are in flight one at a time, and a streaming kernel needs
+// several of its 16 bytes in flight a lane to keep the memory busy.
+template <int V, bool kGuarded = (V == 1), typename scalar_t>
+__device__ __forceinline__ Pack<scalar_t, V> load_lane(const scalar_t* __restrict__ x, int64_t e0, int64_t n) {
+  Pack<scalar_t, V> in{};
+  if (!kGuarded || e0 < n) in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
+  return in;
+}
+
+// One lane's part of a warp tile: elements e0 .. e0 + V - 1, loaded (load_lane) as `in`.
 // Every lane of the warp calls it together (the mask shuffles).
 template <int V, Format F, Output O, Window W, MaskOut M, typename scalar_t, typename Lookup, typename Params>
 __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
                                               scalar_t* __restrict__ y,
                                               uint8_t* __restrict__ mask, int64_t e0, int64_t n,
-                                              Lookup& lookup, const Params& params, int lane) {
+                                              const Pack<scalar_t, V>& in, Lookup& lookup, const Params& params,
+                                              int lane) {
   using C = compute_t<scalar_t>;
   unsigned bits = 0;
   if (V > 1 || e0 < n) {
-    const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
     if constexpr (std::is_same_v<C, float> && V > 1) {
       bits = quantize_vector<V, F, O, W>(x, y, e0, in, lookup, params);
     } else {
@@ -583,12 +594,16 @@ __device__ __forceinline__ void quantize_lane(const scalar_t* __restrict__ x,
   store_packed_mask<V, M>(mask, e0, n, bits, lane);
 }
 
-// Elements [0, n_vec) in tiles of kQuantizeTile (two vector loads a lane: the second at a
-// constant offset from the first, so that one address serves both and the loop's own
-// instructions count once for both), then [n_vec, n) in tiles of 32 (scalar loads).
-// n_vec is a multiple of kQuantizeTile, so of 8.
+// Elements [0, n_vec) in tiles of kQuantizeTile (kQuantizeTrip vector loads a lane, all before
+// any vector's work, at constant offsets from the first, so that one address serves them and
+// the loop's own instructions count once for all), then [n_vec, n) in tiles of 32 (scalar
+// loads). n_vec is a multiple of kQuantizeTile, so of 8. Four vectors, 64 bytes a lane in
+// flight: on an H200 at 2^28 elements (benchmarks/cuda_loop_shapes.cu) the per-tensor kernel
+// takes 1.09 (float32) and 1.08 (bfloat16) times cudaMemcpyAsync's time with four, 1.15 and
+// 1.08-1.13 with two, 1.19 and 1.18 with two loaded one at a time.
+constexpr int kQuantizeTrip = 4;
 template <typename scalar_t>
-constexpr int64_t kQuantizeTile = int64_t{2} * kWarpSize * kVec<scalar_t>;
+constexpr int64_t kQuantizeTile = int64_t{kQuantizeTrip} * kWarpSize * kVec<scalar_t>;
 
 template <typename scalar_t, Format F, Output O, Window W, MaskOut M, typename Params>
 __global__ void __launch_bounds__(kThreads)
@@ -605,12 +620,18 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t vec_tiles = n_vec / kQuantizeTile<scalar_t>;
   for (int64_t t = warp; t < vec_tiles; t += nwarps) {
     const int64_t e0 = t * kQuantizeTile<scalar_t> + lane * V;
-    quantize_lane<V, F, O, W, M>(x, y, mask, e0, n, lookup, params, lane);
-    quantize_lane<V, F, O, W, M>(x, y, mask, e0 + kTileV, n, lookup, params, lane);
+    Pack<scalar_t, V> in[kQuantizeTrip];
+#pragma unroll
+    for (int k = 0; k < kQuantizeTrip; ++k) in[k] = load_lane<V>(x, e0 + k * kTileV, n);
+#pragma unroll
+    for (int k = 0; k < kQuantizeTrip; ++k) {
+      quantize_lane<V, F, O, W, M>(x, y, mask, e0 + k * kTileV, n, in[k], lookup, params, lane);
+    }
   }
   const int64_t scalar_tiles = (n - n_vec + kWarpSize - 1) / kWarpSize;
   for (int64_t t = warp; t < scalar_tiles; t += nwarps) {
-    quantize_lane<1, F, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, params, lane);
+    const int64_t e = n_vec + t * kWarpSize + lane;
+    quantize_lane<1, F, O, W, M>(x, y, mask, e, n, load_lane<1>(x, e, n), lookup, params, lane);
   }
 }
 
@@ -627,11 +648,11 @@ __global__ void __launch_bounds__(kThreads)
 template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, typename scalar_t>
 __device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                         uint8_t* __restrict__ mask, int64_t e0, int64_t n,
-                                                        const Consts<float> (&c)[V],
+                                                        const Pack<scalar_t, V>& in, const Consts<float> (&c)[V],
                                                         const TableParams<float>& params, int lane) {
   unsigned bits = 0;
   if (e0 < n) {
-    const Pack<float, V> xf = to_floats(*reinterpret_cast<const Pack<scalar_t, V>*>(x + e0));
+    const Pack<float, V> xf = to_floats(in);
     if (kFastChannels && fast_dividends(xf)) {
       bits = quantize_fast<V, F, O, W>(y + e0, xf, [&](int k) -> const Consts<float>& { return c[k]; },
                                        [&](int k) { return divisor_of(c[k]); });
@@ -644,23 +665,25 @@ __device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restri
 }
 
 // The thread's vectors tid, tid + threads, ...: the warp's, v - lane, the same for every lane,
-// decides the trip.
+// decides the trip; both vectors' loads (the second may be past the end) before either's work.
 template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, typename scalar_t>
 __device__ __forceinline__ void quantize_innermost_loop(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                         uint8_t* __restrict__ mask, int64_t n, int64_t threads,
                                                         int64_t tid, const Consts<float> (&c)[V],
                                                         const TableParams<float>& params, int lane) {
   for (int64_t v = tid; v - lane < n / V; v += 2 * threads) {
-    quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, v * V, n, c, params, lane);
-    quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, (v + threads) * V, n, c, params, lane);
+    const int64_t e0 = v * V, e1 = (v + threads) * V;
+    const Pack<scalar_t, V> in0 = load_lane<V, true>(x, e0, n), in1 = load_lane<V, true>(x, e1, n);
+    quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, e0, n, in0, c, params, lane);
+    quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, e1, n, in1, c, params, lane);
   }
 }
 
+// The kernel's body (benchmarks/cuda_loop_shapes.cu compiles it under other launch bounds too).
 template <typename scalar_t, Format F, Output O, Window W, MaskOut M>
-__global__ void __launch_bounds__(kThreads)
-    quantize_innermost_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
-                              uint8_t* __restrict__ mask, int64_t n, int64_t threads,
-                              const __grid_constant__ TableParams<float> params) {
+__device__ __forceinline__ void quantize_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                   uint8_t* __restrict__ mask, int64_t n, int64_t threads,
+                                                   const TableParams<float>& params) {
   constexpr int V = kVec<scalar_t>;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (tid >= threads) return;  // whole warps: threads is a multiple of the warp
@@ -679,6 +702,14 @@ __global__ void __launch_bounds__(kThreads)
   } else {
     quantize_innermost_loop<V, F, O, W, M, false>(x, y, mask, n, threads, tid, c, params, lane);
   }
+}
+
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M>
+__global__ void __launch_bounds__(kThreads)
+    quantize_innermost_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                              uint8_t* __restrict__ mask, int64_t n, int64_t threads,
+                              const __grid_constant__ TableParams<float> params) {
+  quantize_innermost<scalar_t, F, O, W, M>(x, y, mask, n, threads, params);
 }
 
 // --- per channel, each tile's rows in shared memory ------------------------------------------
@@ -705,8 +736,7 @@ __device__ __noinline__ void make_row(Consts<float>* dst, const RowParams<Family
 template <int V, Format F, Output O, Window W, MaskOut M, typename scalar_t>
 __device__ __forceinline__ void quantize_lane_row(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                   uint8_t* __restrict__ mask, int64_t e0, int64_t n,
-                                                  const Consts<float>& c, int lane) {
-  const Pack<scalar_t, V> in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
+                                                  const Pack<scalar_t, V>& in, const Consts<float>& c, int lane) {
   const Divisor d = divisor_of(c);
   unsigned bits;
   if (!quantize_vector_one<V, F, O, W>(y + e0, in, c, d, d.fast, bits)) {
@@ -731,13 +761,15 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t buffer = 0;
   for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x, buffer ^= kThreads) {
     const uint32_t t0 = t * kTile;
+    // the tile's loads first: in flight over the rows' constants and the barrier
+    const uint32_t e[2] = {t0 + threadIdx.x * V, t0 + (kThreads + threadIdx.x) * V};
+    const Pack<scalar_t, V> in[2] = {load_lane<V>(x, e[0], n), load_lane<V>(x, e[1], n)};
     const uint32_t first = inner.div(t0);
     if (threadIdx.x <= inner.div(t0 + kTile - 1) - first) make_row(rows + buffer + threadIdx.x, params, first + threadIdx.x);
     __syncthreads();
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
-      const uint32_t e0 = t0 + (h * kThreads + threadIdx.x) * V;
-      quantize_lane_row<V, F, O, W, M>(x, y, mask, e0, n, rows[buffer + inner.div(e0) - first], lane);
+      quantize_lane_row<V, F, O, W, M>(x, y, mask, e[h], n, in[h], rows[buffer + inner.div(e[h]) - first], lane);
     }
   }
   RowLookup<Family> lookup(params);
@@ -745,7 +777,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t scalar_tiles = (n - n_vec + kWarpSize - 1) / kWarpSize;
   for (int64_t t = warp; t < scalar_tiles; t += nwarps) {
-    quantize_lane<1, F, O, W, M>(x, y, mask, n_vec + t * kWarpSize + lane, n, lookup, params, lane);
+    const int64_t e = n_vec + t * kWarpSize + lane;
+    quantize_lane<1, F, O, W, M>(x, y, mask, e, n, load_lane<1>(x, e, n), lookup, params, lane);
   }
 }
 
