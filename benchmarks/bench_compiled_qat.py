@@ -268,12 +268,14 @@ def saved_mb(run):
 
 
 def graph_break_count():
-    """Graph breaks Dynamo has met in this process so far (its counters): the difference over a
-    configuration's first two steps is the breaks of its compile (no second trace, as
-    torch._dynamo.explain would make)."""
+    """Graph breaks Dynamo has met in this process so far (its counters), and the frames it ran
+    eagerly instead of compiling them (its "unimplemented" counter: a backend that failed, as
+    Inductor did on the MoE's float experts on an H200, where Dynamo logs "Adding a graph break"
+    and counts no graph break): the difference over a configuration's first two steps is the
+    breaks of its compile (no second trace, as torch._dynamo.explain would make)."""
     from torch._dynamo.utils import counters
 
-    return sum(counters["graph_break"].values())
+    return sum(counters["graph_break"].values()) + sum(counters["unimplemented"].values())
 
 
 def _sync():

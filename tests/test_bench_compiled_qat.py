@@ -68,6 +68,23 @@ def test_graph_breaks_are_counted_while_compiling(bench):
     assert bench.graph_break_count() - before == 1
 
 
+def test_a_backend_that_fails_is_counted_as_a_break(bench):
+    # (Dynamo runs the frame eagerly and warns "Adding a graph break", but counts no graph break)
+    import torch
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    def failing(gm, inputs):
+        raise DataDependentOutputException(torch.ops.aten._local_scalar_dense.default)
+
+    def f(x):
+        return (x * 2).sum() + 1
+
+    before = bench.graph_break_count()
+    x = torch.randn(3)
+    assert torch.equal(torch.compile(f, backend=failing)(x), f(x))
+    assert bench.graph_break_count() - before == 1
+
+
 def test_the_compiled_configurations_of_a_model_are_built_together_or_not_at_all(bench, monkeypatch):
     import time
 

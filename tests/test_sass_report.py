@@ -43,6 +43,7 @@ def test_the_hot_loop_and_its_counts():
     assert c["with_slow_calls"] == 10 and c["instructions"] == 8
     assert c["loads"] == {"LDG.E.128.CONSTANT": 1}
     assert c["stores"] == {"STG.E.128": 1, "STG.E.U8": 1}
+    assert c["loads_ahead"] == 1  # (the U16 load is narrower than the loop's widest)
     assert [sass_report.access_width(op) for op in ("LDG.E.128.CONSTANT", "LDG.E.U16", "STG.E", "STG.E.64")] == \
         [16, 2, 4, 8]
 
@@ -80,3 +81,15 @@ def test_a_return_from_a_divergent_shuffle_is_no_loop():
     body = sass_report.hot_loop(f)
     assert [i.address for i in (body[0], body[-1])] == [0x10, 0x80]
     assert sass_report.count(body)["loads"] == {"LDG.E.128.CONSTANT": 2}
+
+
+def test_loads_ahead_counts_the_widest_loads_between_stores_and_calls():
+    def ins(op):
+        return sass_report.Instruction(0, "", op, "")
+
+    wide, narrow, store = "LDG.E.128.CONSTANT", "LDG.E.U8.CONSTANT", "STG.E.128"
+    # two in a row (a narrow load between them does not break the run), then one, then three
+    body = [ins(wide), ins(narrow), ins(wide), ins(store), ins(wide), ins("CALL.REL.NOINC"), ins(wide),
+            ins(wide), ins("FFMA"), ins(wide), ins(store)]
+    assert sass_report.loads_ahead(body) == 3
+    assert sass_report.loads_ahead([ins(wide), ins(store)] * 4) == 1

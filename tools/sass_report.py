@@ -306,13 +306,30 @@ def slow_calls(body: List[Instruction]) -> int:
     return cold
 
 
+def loads_ahead(body: List[Instruction]) -> int:
+    """The most of the loop's widest loads issued in a row, with no store or call between them:
+    what a lane has in flight at once where the loop's order is kept. On an H200 it set the
+    time of the kernels with the fewest instructions: one 16-byte load ahead of each store cost
+    the per-tensor kernel 1.19 of cudaMemcpyAsync's time, four 1.09
+    (benchmarks/results/gpu-2026-11-28-h200-loop-shapes.md)."""
+    widths = [access_width(i.opcode) for i in body if _is_global(i, "LDG")]
+    run = best = 0
+    for ins in body:
+        if _is_global(ins, "LDG") and access_width(ins.opcode) == max(widths):
+            run += 1
+            best = max(best, run)
+        elif _is_global(ins, "STG") or ins.opcode.startswith("CALL"):
+            run = 0
+    return best
+
+
 def count(body: List[Instruction]) -> Dict[str, object]:
     real = [i for i in body if i.opcode != "NOP"]
     opcodes = collections.Counter(i.opcode for i in real)
     loads = collections.Counter(i.opcode for i in real if _is_global(i, "LDG"))
     stores = collections.Counter(i.opcode for i in real if _is_global(i, "STG"))
     return {"instructions": len(real) - slow_calls(body), "with_slow_calls": len(real), "opcodes": dict(opcodes),
-            "loads": dict(loads), "stores": dict(stores)}
+            "loads": dict(loads), "stores": dict(stores), "loads_ahead": loads_ahead(real)}
 
 
 def report(library: str, arch: str, allow_missing: bool = False) -> List[Dict[str, object]]:
@@ -351,26 +368,29 @@ def _widths(counter: Dict[str, int]) -> str:
 def print_table(rows: List[Dict[str, object]], opcodes: bool) -> None:
     print(f"budget: about {BUDGET_PER_BYTE:.0f} instructions per byte moved "
           f"(an H200 issues {LIMIT_PER_BYTE:.1f} per byte at its memory's rate)")
-    print("| kernel | loop instructions (+ slow-path calls) | elements per trip | per element | per byte | loads | stores |")
-    print("|---|---:|---:|---:|---:|---|---|")
+    print("| kernel | loop instructions (+ slow-path calls) | elements per trip | per element | per byte | loads | stores "
+          "| widest loads ahead of a store |")
+    print("|---|---:|---:|---:|---:|---|---|---:|")
     for r in rows:
         if r["instructions"] is None:
-            print(f"| {r['kernel']} | no loop found | | | | | |")
+            print(f"| {r['kernel']} | no loop found | | | | | | |")
             continue
         verdict = "" if r["per_byte"] <= BUDGET_PER_BYTE else " (over)"  # type: ignore[operator]
         slow = int(r["with_slow_calls"]) - int(r["instructions"])  # type: ignore[call-overload]
         print(f"| {r['kernel']} | {r['instructions']} (+{slow}) | {r['elements']} | {r['per_element']:.1f} | "
-              f"{r['per_byte']:.1f}{verdict} | {_widths(r['loads'])} | {_widths(r['stores'])} |")  # type: ignore[arg-type]
+              f"{r['per_byte']:.1f}{verdict} | {_widths(r['loads'])} | {_widths(r['stores'])} | "  # type: ignore[arg-type]
+              f"{r.get('loads_ahead', '')} |")
         if opcodes:
             ops = sorted(r["opcodes"].items(), key=lambda kv: (-kv[1], kv[0]))  # type: ignore[union-attr]
-            print("|  | " + ", ".join(f"{op} {n}" for op, n in ops) + " | | | | | |")
+            print("|  | " + ", ".join(f"{op} {n}" for op, n in ops) + " | | | | | | |")
 
 
 def print_diff(before: List[Dict[str, object]], after: List[Dict[str, object]]) -> None:
     """Per kernel label present in both: the loop's count and per element before
     and after, and the opcodes whose counts changed."""
     old = {r["kernel"]: r for r in before if r.get("instructions")}
-    print("| kernel | before: loop / per element / per byte | after | opcodes per element removed (-) and added (+) |")
+    print("| kernel | before: loop / per element / per byte / loads ahead | after | "
+          "opcodes per element removed (-) and added (+) |")
     print("|---|---|---|---|")
     for r in after:
         label = str(r["kernel"])
@@ -382,8 +402,9 @@ def print_diff(before: List[Dict[str, object]], after: List[Dict[str, object]]) 
         ops_b = {op: n / float(base["elements"]) for op, n in base["opcodes"].items()}  # type: ignore[union-attr,arg-type]
         changed = [(op, ops_a.get(op, 0.0) - ops_b.get(op, 0.0)) for op in sorted(set(ops_a) | set(ops_b))]
         changed = sorted((kv for kv in changed if abs(kv[1]) >= 0.05), key=lambda kv: kv[1])
-        print(f"| {label} | {base['instructions']} / {base['per_element']:.1f} / {base['per_byte']:.1f} | "
-              f"{r['instructions']} / {r['per_element']:.1f} / {r['per_byte']:.1f} | "
+        print(f"| {label} | {base['instructions']} / {base['per_element']:.1f} / {base['per_byte']:.1f} / "
+              f"{base.get('loads_ahead', '?')} | "
+              f"{r['instructions']} / {r['per_element']:.1f} / {r['per_byte']:.1f} / {r.get('loads_ahead', '?')} | "
               + ", ".join(f"{op} {d:+.1f}" for op, d in changed) + " |")
 
 
