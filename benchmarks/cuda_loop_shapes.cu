@@ -46,12 +46,12 @@ using namespace fakequant::gpu;
 namespace {
 
 // Copy in the loop shape of quantize_kernel: a warp tile of K * 32 vectors, lane l's at
-// l, l + 32, ...; all K loads first, then the K stores.
+// l, l + 32, ...; all K loads first, then the K stores. (The launch's dynamic shared memory, which
+// it does not use, sets the blocks an SM holds.)
 template <typename T, int K>
 __global__ void __launch_bounds__(kThreads) copy_tiles(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
   constexpr int V = kVec<T>;
   constexpr int64_t kTile = int64_t{K} * kWarpSize * V;
-  extern __shared__ char occupancy_only[];  // (its size sets the blocks an SM holds)
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
@@ -63,7 +63,6 @@ __global__ void __launch_bounds__(kThreads) copy_tiles(const T* __restrict__ x, 
 #pragma unroll
     for (int k = 0; k < K; ++k) *reinterpret_cast<Pack<T, V>*>(y + e0 + k * kWarpSize * V) = v[k];
   }
-  if (n < 0) occupancy_only[0] = 0;
 }
 
 // quantize_kernel with K vectors a lane a trip (n a multiple of the tile): kLoadedFirst, the

@@ -312,10 +312,10 @@ def loads_ahead(body: List[Instruction]) -> int:
     time of the kernels with the fewest instructions: one 16-byte load ahead of each store cost
     the per-tensor kernel 1.19 of cudaMemcpyAsync's time, four 1.09
     (benchmarks/results/gpu-2026-11-28-h200-loop-shapes.md)."""
-    widths = [access_width(i.opcode) for i in body if _is_global(i, "LDG")]
+    widest = max((access_width(i.opcode) for i in body if _is_global(i, "LDG")), default=0)
     run = best = 0
     for ins in body:
-        if _is_global(ins, "LDG") and access_width(ins.opcode) == max(widths):
+        if _is_global(ins, "LDG") and access_width(ins.opcode) == widest:
             run += 1
             best = max(best, run)
         elif _is_global(ins, "STG") or ins.opcode.startswith("CALL"):

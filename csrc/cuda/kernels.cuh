@@ -553,10 +553,10 @@ __device__ __forceinline__ void store_packed_mask(uint8_t* __restrict__ mask, in
 }
 
 // A lane's elements e0 .. e0 + V - 1, 16-byte aligned where V > 1; kGuarded (always with V ==
-// 1): e0 may be past the end, and the lane gets zeros that nothing uses. A kernel loads a trip's vectors
-// before it computes any: no load moves past a store or an out-of-line path, so that loads
-// made as each vector's work begins are in flight one at a time, and a streaming kernel needs
-// several of its 16 bytes in flight a lane to keep the memory busy.
+// 1): e0 may be past the end, and the lane gets zeros that nothing uses. A kernel loads a
+// trip's vectors before it computes any: no load moves past a store or an out-of-line path, so
+// loads made as each vector's work begins are in flight one at a time, and a streaming kernel
+// needs several 16-byte loads a lane in flight to keep the memory busy.
 template <int V, bool kGuarded = (V == 1), typename scalar_t>
 __device__ __forceinline__ Pack<scalar_t, V> load_lane(const scalar_t* __restrict__ x, int64_t e0, int64_t n) {
   Pack<scalar_t, V> in{};
