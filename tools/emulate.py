@@ -374,12 +374,14 @@ def planted(only=None, jobs=None):
             env=test_env(variant, lib), cwd=ROOT, capture_output=True, text=True)
         output = run.stdout + run.stderr
         tail = output.strip().splitlines()[-3:]
-        # a test failed (a wrong output, or an emulator error such as divergence), or
-        # a sanitizer stopped the run (a race, a misaligned or out-of-bounds access)
-        reports = ("ThreadSanitizer: data race", "runtime error:", "AddressSanitizer:")
+        # a test failed (a wrong output, or an emulator error such as divergence), a
+        # sanitizer stopped the run (a race, a misaligned or out-of-bounds access), or the test
+        # process died of the mistake (a read past the end that left the plain build's memory:
+        # "a warp given rows of a partial step" fails a test or faults, run by run)
+        reports = ("ThreadSanitizer: data race", "runtime error:", "AddressSanitizer:", "Fatal Python error:")
         caught = run.returncode != 0 and (
             (run.returncode == 1 and any(" failed" in line for line in tail))
-            or any(r in output for r in reports))
+            or run.returncode < 0 or any(r in output for r in reports))
         if any(r in output for r in reports):
             tail = [next(line for line in output.splitlines() if any(r in line for r in reports))]
         print(f"  {'caught' if caught else 'NOT CAUGHT'}: {' | '.join(tail)}", flush=True)
