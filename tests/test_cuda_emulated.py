@@ -279,8 +279,9 @@ def test_quantize_channels_innermost(dtype, sms, monkeypatch):
 def test_quantize_rows_in_shared_memory(dtype, sms, monkeypatch):
     # Parameters that are one a run of the innermost dimension (quantize_rows_kernel: each
     # tile's rows made into shared memory): static blocks of 32 (a calibrated amax a block), runs
-    # of 12 and 36 (rows across the tiles' ends), 1000 and 4096; runs of 8 float32 elements (more
-    # rows in a tile than threads: the table) and of 30 (not whole vectors: the table); three
+    # of 12 and 36 (rows across the tiles' ends; 12 float32 elements: more rows in a tile than
+    # threads, each making two), 1000 and 4096; runs of 8 float32 elements (more rows in a tile
+    # than kTileRows: the table) and of 30 (not whole vectors: the table); three
     # dimensions (channels of NCHW); amax zero, under 2^-24, NaN and infinite (NaN outputs,
     # mask 0, check_values=False) and scales outside the fast division's range among the rows;
     # specials among the elements; the tail after the last whole tile; a grid of 16 blocks
@@ -430,9 +431,11 @@ def test_blockwise_several_grid_steps(block_size):
 
 def vector_trip(block_size, dtype):
     """Elements one warp's trip of blockwise_vector_kernel covers: 32 lanes of K 16-byte vectors,
-    K = min(vectors a block, 8) (1 where a block is less than a vector: the scalar kernel's)."""
+    K = 4 for blocks of 2 or 4 vectors, 8 above (1 where a block is less than two vectors: the
+    scalar kernel's)."""
     vec = 16 // torch.empty((), dtype=dtype).element_size()
-    return 32 * max(1, min(block_size // vec, 8)) * vec
+    lanes = block_size // vec
+    return 32 * (1 if lanes < 2 else max(4, min(lanes, 8))) * vec
 
 
 def vector_blocks(rows, block_size, dtype, offset):
@@ -450,13 +453,15 @@ def vector_blocks(rows, block_size, dtype, offset):
 @pytest.mark.parametrize("block_size", [4, 8, 16, 32, 128, 256, 1024, 4096])
 def test_blockwise_vectors(block_size, dtype):
     # Whole blocks in 16-byte aligned memory: a power-of-two number of vectors a block, up to a
-    # warp's (blockwise_vector_kernel): three whole trips and one block of a fourth, every element
-    # format; long blocks of whole mask words (blockwise_long_vector_kernel), five of them; then
-    # the same at an odd offset (the scalar kernels).
+    # warp's (blockwise_vector_kernel): three whole trips and three quarters of a fourth and one
+    # block (blocks of two vectors, 64 a trip: the fourth's lanes 0-15 hold a second block, lanes
+    # 16-31 none), every element format; long blocks of whole mask words
+    # (blockwise_long_vector_kernel), five of them; then the same at an odd offset (the scalar
+    # kernels).
     long = block_size >= 1024
     if long and dtype == torch.float64:
         pytest.skip("float64 has no vector kernels")
-    rows = 5 if long else max(5, 3 * vector_trip(block_size, dtype) // block_size + 1)
+    rows = 5 if long else max(5, 15 * vector_trip(block_size, dtype) // block_size // 4 + 1)
     for offset in (0, 1):
         x = vector_blocks(rows, block_size, dtype, offset)
         if long:  # (a long block's rule is the short one's: a few formats, the scalar kernel once)
@@ -534,20 +539,22 @@ def test_blockwise_vectors_inside_the_limit(dtype):
     # one such block: amax 7 * 2^-8, whose subnormal E4M3 scale 2^-8 puts its largest quotient
     # on the limit itself (7: saturates to 6, where the grid alone would give 8); amax 5000,
     # above scale_amax (scale clamped to 448, quotients past 7: mask bits 0); amax 0.028, a
-    # subnormal scale again (2 * 2^-9: quotient 7.2).
+    # subnormal scale again (2 * 2^-9: quotient 7.2). They sit at blocks 5, per_trip / 2 + 5
+    # and per_trip - 3 of their trips: in bfloat16 (blocks of two vectors, 64 a trip) the last
+    # two are a lane's second block (lane 5's and lane 29's), which must vote as its first does.
     per_trip = vector_trip(16, dtype) // 16
     x = data(4 * per_trip * 16, dtype, spread=1.0).reshape(4 * per_trip, 16).nan_to_num(0.0, 0.0, 0.0)
     x[:, 0] = 2.0  # (every block's amax at least 2: scales well inside E4M3's normal range)
+    at = {1: per_trip + 5, 2: 2 * per_trip + per_trip // 2 + 5, 3: 4 * per_trip - 3}
     for trip, top in ((1, 7 * 2**-8), (2, 5000.0), (3, 0.028)):
-        block = x[trip * per_trip + 5]
-        block.copy_(torch.linspace(-top, top, 16, dtype=torch.float64).to(dtype))
+        x[at[trip]].copy_(torch.linspace(-top, top, 16, dtype=torch.float64).to(dtype))
     scale_amax = torch.tensor([6.0 * 448.0])
     y, mask = cpu_and_cuda("fake_quantize_blockwise", x, 16, 4, False, True, 2, scale_amax, True, False, False)
     bits = fakequant.unpack_mask(mask, y)
-    assert bool(bits[:per_trip].all()) and not bool(bits[2 * per_trip + 5].all())
+    assert bool(bits[:per_trip].all()) and not bool(bits[at[2]].all())
     # the blocks past the limit saturate: 7 * 2^-8 to 6 * 2^-8 (not 8 * 2^-8), 5000 to 6 * 448
-    assert y[per_trip + 5].abs().max().item() == 6 * 2**-8
-    assert y[2 * per_trip + 5].abs().max().item() == 6 * 448
+    assert y[at[1]].abs().max().item() == 6 * 2**-8
+    assert y[at[2]].abs().max().item() == 6 * 448
 
 
 def test_blockwise_long_row():

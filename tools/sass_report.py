@@ -65,10 +65,16 @@ class Kernel:
 _DTYPES = [("float32", "float", 4), ("bfloat16", "c10::BFloat16", 2)]
 
 
+QUANTIZE_TRIP = 4  # kQuantizeTrip (csrc/cuda/kernels.cuh)
+
+
 def _rows_pattern(ctype: str, size: int) -> Callable[[str, str], Tuple[str, int]]:
+    """quantize_rows_kernel: QUANTIZE_TRIP vectors a thread a tile (two before 2026-11-29: such a
+    build's per-element counts are twice what this report prints for it)."""
     def pattern(window: str, family: str) -> Tuple[str, int]:
         return (rf"quantize_rows_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, \(fakequant::Output\)0, "
-                rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, fakequant::{family}>", 2 * 16 // size)
+                rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, fakequant::{family}>",
+                QUANTIZE_TRIP * 16 // size)
     return pattern
 
 
@@ -78,9 +84,6 @@ def _table_pattern(ctype: str, size: int) -> Callable[[str], Tuple[str, int]]:
                 rf"\(fakequant::Window\){window}, \(fakequant::MaskOut\)0, "
                 rf"fakequant::gpu::TableParams<float>", QUANTIZE_TRIP * 16 // size)
     return pattern
-
-
-QUANTIZE_TRIP = 4  # kQuantizeTrip (csrc/cuda/kernels.cuh)
 
 
 def _quantize_kernels() -> List[Kernel]:
@@ -117,9 +120,11 @@ def _quantize_kernels() -> List[Kernel]:
 
 def _block_kernels() -> List[Kernel]:
     """NVFP4's blocks of 16 and the others' of 32: blockwise_vector_kernel<scalar_t, Format,
-    BlockScale, K> (K 16-byte vectors a lane and trip, K = min(vectors a block, 8)) where the
-    build has it, else blockwise_kernel<scalar_t, Format, 1> (blockwise.cuh before it: one
-    element a lane and trip). BlockScale 0 is float32, 1 E4M3 (two levels), 2 E8M0."""
+    BlockScale, K, shift> (K 16-byte vectors a lane and trip, 4 for blocks of 2 or 4 vectors, 8
+    above; shift log2 of the vectors a block below 8, else 0); builds before issue 36's
+    loads-ahead work had no shift and K = min(vectors a block, 8); before the vector kernel,
+    blockwise_kernel<scalar_t, Format, 1> (one element a lane and trip). BlockScale 0 is
+    float32, 1 E4M3 (two levels), 2 E8M0."""
     cases = [("NVFP4 (E2M1, E4M3 scales, blocks of 16)", 1, 1, 16),
              ("MXFP4 (E2M1, E8M0 scales, blocks of 32)", 1, 2, 32),
              ("MXFP8 (E4M3, E8M0 scales, blocks of 32)", 4, 2, 32),
@@ -130,10 +135,12 @@ def _block_kernels() -> List[Kernel]:
         c = re.escape(ctype)
         vec = 16 // size
         for label, fmt, scale, block in cases:
-            k = min(block // vec, 8)
+            lanes = block // vec
+            k, shift = max(4, min(lanes, 8)), (lanes.bit_length() - 1 if lanes < 8 else 0)
+            vector = rf"blockwise_vector_kernel<{c}, \(fakequant::Format\){fmt}, \(fakequant::BlockScale\){scale}, "
             out.append(Kernel(f"{label}, {dname}",
-                              [(rf"blockwise_vector_kernel<{c}, \(fakequant::Format\){fmt}, "
-                                rf"\(fakequant::BlockScale\){scale}, {k}>", k * vec),
+                              [(vector + rf"{k}, {shift}>", k * vec),
+                               (vector + rf"{min(lanes, 8)}>", min(lanes, 8) * vec),
                                (rf"blockwise_kernel<{c}, \(fakequant::Format\){fmt}, 1>", 1)], 2 * size))
     return out
 

@@ -26,6 +26,8 @@
 // multiples of 32, in the uniform geometry) that writer stores the word whole,
 // the mask's last word byte by byte; otherwise each block's bits are or-ed
 // with 32-bit atomics into zeroed scratch words, copied into the mask after.
+#include <algorithm>
+
 #include "launch.cuh"
 
 namespace fakequant {
@@ -182,14 +184,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // --- whole blocks of 16-byte vectors --------------------------------------------------------
-// Blocks of B = G * V elements (V = kVec<scalar_t>, G a power of two, K <= G <= 32) tiling
+// Blocks of B = G * V elements (V = kVec<scalar_t>, G a power of two, 2 <= G <= 32) tiling
 // 16-byte aligned input and output (the uniform geometry), not centered. A warp's trip is K
 // loads of 32 consecutive vectors (load k of lane l: vector 32 k + l of the trip), each load
-// 32 / G whole blocks, the trip 32 K / G <= 32 of them:
+// 32 / G whole blocks, the trip 32 K / G of them; K = 4 for G of 2 and 4, 8 above, so that a
+// lane has at least four 16-byte loads in flight (docs/cuda.md: one or two in flight leave an
+// H200's memory waiting):
 //  1. each lane loads its K vectors; the G lanes holding a block take its max by log2(G)
 //     shuffles;
-//  2. lane b < 32 K / G takes block b of the trip: its amax (one shuffle a load), its scale
-//     (its divisions by the launch's Divisors, contract.h's blockwise_scale) and the scale's
+//  2. lane l takes blocks l + 32 r of the trip, r < K / G (two where G = 2, else one: lanes
+//     from 32 K / G on take none): each one's amax (one shuffle a load), its scale (its
+//     divisions by the launch's Divisors, contract.h's blockwise_scale) and the scale's
 //     reciprocal (Divisor), made once a block rather than once a lane;
 //  3. each lane fetches its blocks' scale and reciprocal (two shuffles a load; three where the
 //     reciprocal is a Divisor's y and y_lo, not E8M0's exact one) and quantizes its
@@ -229,7 +234,7 @@ __device__ __forceinline__ ScaleDivisors scale_divisors(const LaunchGeometry& ge
 //    degenerate or outside the fast division's range.
 enum class Trip : int { kFast, kSaturating, kSlow };
 
-template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, Trip P>
+template <typename scalar_t, Format F, BlockScale S, int K, int kShift, bool kFull, Trip P>
 __device__ __noinline__ void vector_trip_out_of_line(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                      uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
                                                      const LaunchGeometry& geo, const BlockRule<float>& rule,
@@ -237,7 +242,7 @@ __device__ __noinline__ void vector_trip_out_of_line(const scalar_t* __restrict_
 
 // One trip of the warp from element `base`: kFull, all 32 K V elements in the tensor (every
 // lane holds K vectors, every mask word is whole); else the trip past the end, out of line.
-template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, Trip P = Trip::kFast>
+template <typename scalar_t, Format F, BlockScale S, int K, int kShift, bool kFull, Trip P = Trip::kFast>
 __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                             uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
                                             const LaunchGeometry& geo, const BlockRule<float>& rule, const ScaleDivisors divisors) {
@@ -245,11 +250,12 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   constexpr int kLanesPerWord = 32 / V;
   constexpr int64_t kLoad = int64_t{kWarpSize} * V;  // elements a load of the warp covers
   const float g = divisors.g.s;
-  // G = 2^shift lanes a block: K itself where K < 8 (the launch's K = min(G, 8)), known at
-  // compile time so that the shifts, masks and the max's shuffle loop fold; blocks of 8, 16
-  // or 32 vectors share K = 8 and read it from the geometry.
-  constexpr int kShift = K == 2 ? 1 : K == 4 ? 2 : 3;
-  const int shift = K < 8 ? kShift : geo.group_shift;
+  // G = 2^shift lanes a block: kShift where it is known at compile time (blocks of 2 or 4
+  // vectors), so that the shifts, masks and the max's shuffle loop fold; blocks of 8, 16 or 32
+  // vectors (kShift 0) read it from the geometry. R = K / G blocks a lane (1 where G >= K).
+  static_assert(kShift == 0 ? K == 8 : (K >> kShift) >= 1, "K loads of whole blocks, 32 K / G <= 64 blocks a trip");
+  constexpr int R = kShift == 0 ? 1 : K >> kShift;
+  const int shift = kShift != 0 ? kShift : geo.group_shift;
   const int G = 1 << shift;
   const int per_load = kWarpSize >> shift;  // blocks a load covers
   const int lane = threadIdx.x % kWarpSize;
@@ -271,54 +277,71 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
 #pragma unroll
     for (int k = 0; k < K; ++k) amax[k] = max(amax[k], __shfl_xor_sync(kFullWarp, amax[k], lanes));
   }
-  // Block `lane` of the trip: load lane / per_load, lanes from (lane % per_load) * G.
-  uint32_t block_amax = 0;
+  // Block `lane + 32 r` of the trip (r < R): load (lane + 32 r) / per_load = lane / per_load
+  // + r G, lanes from (lane % per_load) * G, the same lanes for every r.
+  uint32_t block_amax[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) block_amax[r] = 0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const uint32_t a = __shfl_sync(kFullWarp, amax[k], (lane & (per_load - 1)) << shift);
-    if ((lane >> (5 - shift)) == k) block_amax = a;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if ((lane >> (5 - shift)) + r * G == k) block_amax[r] = a;
+    }
   }
-  const float a = __uint_as_float(block_amax);
-  float s, reciprocal, reciprocal_lo = 0.0f;
-  const bool in_trip = lane < per_load * K && (kFull || base + (static_cast<int64_t>(lane) << shift) * V < n);
   // kInside: every block of the trip has RN(amax / s) below the format's saturation limit
   // (float formats with float32 or E4M3 scales: with E4M3's rounding of the scale, the
   // quotients of NVFP4 blocks reach about 6.4 of the limit 7 unless the scale is subnormal
   // or clamped; E8M0 scales put half the blocks' amax above it, so MX trips do not look).
   constexpr bool kSlow = P == Trip::kSlow;
   constexpr bool kInside = P == Trip::kFast && F != Format::kInt && S != BlockScale::kE8M0;
-  if constexpr (S == BlockScale::kE8M0) {
-    s = blockwise_scale<S>(a, geo.scale, g);
-    reciprocal = e8m0_inverse(s);  // the product is exact, and E8M0 blocks are never degenerate
-  } else if constexpr (!kSlow) {
-    s = blockwise_scale<S>(a, geo.scale, divisors.elem_max, divisors.g);
-    const Divisor d = make_divisor(s);
-    reciprocal = d.y;
-    reciprocal_lo = d.y_lo;
-    const bool slow = blockwise_degenerate(a, s, g, S) | !d.fast | !fast_dividend(a) | !divisors.fast;
-    if constexpr (kInside) {
-      // one vote: a trip with a block outside goes to kSaturating, which votes on `slow` again
-      if (__any_sync(kFullWarp, in_trip & (slow | !(quotient_of(a, d) < rule.float_limit)))) {
-        vector_trip_out_of_line<scalar_t, F, S, K, kFull, Trip::kSaturating>(x, y, mask_words, n, base, geo, rule,
-                                                                             divisors);
-        return;
+  float s[R], reciprocal[R], reciprocal_lo[R];
+  bool outside = false;  // a block of this lane's that the trip's rule does not take
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float a = __uint_as_float(block_amax[r]);
+    const int b = lane + kWarpSize * r;
+    const bool in_trip = b < per_load * K && (kFull || base + (static_cast<int64_t>(b) << shift) * V < n);
+    reciprocal_lo[r] = 0.0f;
+    if constexpr (S == BlockScale::kE8M0) {
+      s[r] = blockwise_scale<S>(a, geo.scale, g);
+      reciprocal[r] = e8m0_inverse(s[r]);  // the product is exact, and E8M0 blocks are never degenerate
+    } else if constexpr (!kSlow) {
+      s[r] = blockwise_scale<S>(a, geo.scale, divisors.elem_max, divisors.g);
+      const Divisor d = make_divisor(s[r]);
+      reciprocal[r] = d.y;
+      reciprocal_lo[r] = d.y_lo;
+      const bool slow = blockwise_degenerate(a, s[r], g, S) | !d.fast | !fast_dividend(a) | !divisors.fast;
+      if constexpr (kInside) {
+        outside |= in_trip & (slow | !(quotient_of(a, d) < rule.float_limit));
+      } else {
+        outside |= in_trip & slow;
       }
-    } else if (__any_sync(kFullWarp, in_trip & slow)) {
-      vector_trip_out_of_line<scalar_t, F, S, K, kFull, Trip::kSlow>(x, y, mask_words, n, base, geo, rule, divisors);
+    } else {
+      s[r] = blockwise_scale<S>(a, geo.scale, g);
+      reciprocal[r] = 1.0f;
+    }
+  }
+  if constexpr (S != BlockScale::kE8M0 && !kSlow) {
+    // one vote: kInside's trip with a block outside goes to kSaturating, which votes on `slow`
+    // again; a trip with a slow block goes to kSlow
+    if (__any_sync(kFullWarp, outside)) {
+      vector_trip_out_of_line<scalar_t, F, S, K, kShift, kFull, kInside ? Trip::kSaturating : Trip::kSlow>(
+          x, y, mask_words, n, base, geo, rule, divisors);
       return;
     }
-  } else {
-    s = blockwise_scale<S>(a, geo.scale, g);
-    reciprocal = 1.0f;
   }
 
   float sk[K], yk[K], lk[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    const int owner = k * per_load + (lane >> shift);  // the lane that took this load's block
-    sk[k] = __shfl_sync(kFullWarp, s, owner);
-    yk[k] = __shfl_sync(kFullWarp, reciprocal, owner);
-    lk[k] = S != BlockScale::kE8M0 && !kSlow ? __shfl_sync(kFullWarp, reciprocal_lo, owner) : 0.0f;
+    // the lane that took this load's block, as its block r: block k per_load + lane / G
+    const int r = R == 1 ? 0 : k >> kShift;
+    const int owner = (R == 1 ? k : k & ((1 << kShift) - 1)) * per_load + (lane >> shift);
+    sk[k] = __shfl_sync(kFullWarp, s[r], owner);
+    yk[k] = __shfl_sync(kFullWarp, reciprocal[r], owner);
+    lk[k] = S != BlockScale::kE8M0 && !kSlow ? __shfl_sync(kFullWarp, reciprocal_lo[r], owner) : 0.0f;
   }
   Pack<scalar_t, V> out[K];
   unsigned bits[K];
@@ -373,22 +396,22 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   }
 }
 
-template <typename scalar_t, Format F, BlockScale S, int K, bool kFull, Trip P>
+template <typename scalar_t, Format F, BlockScale S, int K, int kShift, bool kFull, Trip P>
 __device__ __noinline__ void vector_trip_out_of_line(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                      uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
                                                      const LaunchGeometry& geo, const BlockRule<float>& rule,
                                                      const ScaleDivisors divisors) {
-  vector_trip<scalar_t, F, S, K, kFull, P>(x, y, mask_words, n, base, geo, rule, divisors);
+  vector_trip<scalar_t, F, S, K, kShift, kFull, P>(x, y, mask_words, n, base, geo, rule, divisors);
 }
 
-template <typename scalar_t, Format F, BlockScale S, int K>
+template <typename scalar_t, Format F, BlockScale S, int K, int kShift>
 __device__ __noinline__ void vector_trip_past_end(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                   uint32_t* __restrict__ mask_words, int64_t n, int64_t base,
                                                   const LaunchGeometry& geo, const BlockRule<float>& rule, const ScaleDivisors divisors) {
-  vector_trip<scalar_t, F, S, K, false>(x, y, mask_words, n, base, geo, rule, divisors);
+  vector_trip<scalar_t, F, S, K, kShift, false>(x, y, mask_words, n, base, geo, rule, divisors);
 }
 
-template <typename scalar_t, Format F, BlockScale S, int K>
+template <typename scalar_t, Format F, BlockScale S, int K, int kShift>
 __global__ void __launch_bounds__(kThreads)
     blockwise_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                             uint32_t* __restrict__ mask_words, int64_t n, const LaunchGeometry geo,
@@ -401,9 +424,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t t = warp; t < trips; t += nwarps) {  // the same for the whole warp
     const int64_t base = t * kTrip;
     if (base + kTrip <= n) {
-      vector_trip<scalar_t, F, S, K, true>(x, y, mask_words, n, base, geo, rule, divisors);
+      vector_trip<scalar_t, F, S, K, kShift, true>(x, y, mask_words, n, base, geo, rule, divisors);
     } else {
-      vector_trip_past_end<scalar_t, F, S, K>(x, y, mask_words, n, base, geo, rule, divisors);
+      vector_trip_past_end<scalar_t, F, S, K, kShift>(x, y, mask_words, n, base, geo, rule, divisors);
     }
   }
 }
@@ -721,7 +744,8 @@ void blockwise_typed(const BlockwiseJob& job) {
           (geo.scale.kind != BlockScale::kE4M3 || job.format == Format::kE2M1)) {
         geo.group_size = static_cast<int>(lanes);
         while ((1 << geo.group_shift) < geo.group_size) ++geo.group_shift;
-        const int K = static_cast<int>(std::min<int64_t>(lanes, 8));
+        // K loads a lane a trip: at least 4 (a lane of blocks of 2 vectors takes two blocks' scales)
+        const int K = static_cast<int>(std::clamp<int64_t>(lanes, 4, 8));
         const unsigned vector_blocks = grid_for((n + kWarpSize * K * V - 1) / (kWarpSize * K * V), job.x.get_device());
         auto launch = [&](auto kernel) {
           launch_kernel(kernel, vector_blocks, stream, xp, yp, words, n, geo, rule, job.scale_amax);
@@ -730,9 +754,9 @@ void blockwise_typed(const BlockwiseJob& job) {
           constexpr Format F = decltype(format_tag)::value;
           auto with_k = [&](auto scale_tag) {
             constexpr BlockScale S = decltype(scale_tag)::value;
-            if (K == 2) launch(&blockwise_vector_kernel<scalar_t, F, S, 2>);
-            else if (K == 4) launch(&blockwise_vector_kernel<scalar_t, F, S, 4>);
-            else launch(&blockwise_vector_kernel<scalar_t, F, S, 8>);
+            if (lanes == 2) launch(&blockwise_vector_kernel<scalar_t, F, S, 4, 1>);
+            else if (lanes == 4) launch(&blockwise_vector_kernel<scalar_t, F, S, 4, 2>);
+            else launch(&blockwise_vector_kernel<scalar_t, F, S, 8, 0>);
           };
           if (geo.scale.kind == BlockScale::kE8M0) {
             with_k(std::integral_constant<BlockScale, BlockScale::kE8M0>{});

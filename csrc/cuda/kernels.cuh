@@ -714,20 +714,25 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- per channel, each tile's rows in shared memory ------------------------------------------
 // RowParams' layouts (step 0), rows a multiple of V elements, input and output aligned for
-// vectors. A thread block walks tiles of kRowsTile elements (two vectors a thread, the second
-// kThreads vectors after the first, consecutive lanes on consecutive vectors); the tile's first
-// threads make the constants of its rows (at most kThreads: rows_kernel_applies, quantize.cuh)
-// into shared memory, one a thread, and each vector reads its row's there: no table in global
-// memory and no kernel to make one, where a table entry (32 bytes) a row of 32 elements would
-// add a quarter (float32) or half (bfloat16) to the bytes moved, and every row's constants cost
-// one thread once instead of every vector's lane. Two buffers, so one barrier a tile: a tile
-// writes the buffer that the tile before the last read, and every thread passed the last
-// tile's barrier after its reads. Then [n_vec, n) an element a lane (RowLookup).
+// vectors. A thread block walks tiles of kRowsTile elements (kQuantizeTrip vectors a thread,
+// each kThreads vectors after the one before, consecutive lanes on consecutive vectors, all
+// loaded before the tile's work); the block's threads make the constants of the tile's rows
+// (at most kTileRows: rows_kernel_applies, quantize.cuh) into shared memory, one a thread in
+// turn, and each vector reads its row's there: no table in global memory and no kernel to make
+// one, where a table entry (32 bytes) a row of 32 elements would add a quarter (float32) or
+// half (bfloat16) to the bytes moved, and every row's constants cost one thread once instead
+// of every vector's lane. Two buffers, so one barrier a tile: a tile writes the buffer that the
+// tile before the last read, and every thread passed the last tile's barrier after its reads.
+// Then [n_vec, n) an element a lane (RowLookup).
 template <typename scalar_t>
-constexpr int64_t kRowsTile = int64_t{2} * kThreads * kVec<scalar_t>;
+constexpr int64_t kRowsTile = int64_t{kQuantizeTrip} * kThreads * kVec<scalar_t>;
+// Rows a tile may touch, at most kRowsTile / inner + 2 (a partial row at each end): with these
+// rows of 3 vectors or more (12 float32, 24 bfloat16 elements) take the kernel, as they did
+// with two vectors a thread and a row a thread.
+constexpr int kTileRows = kQuantizeTrip / 2 * kThreads;
 
-// Row r's constants into *dst: out of line, since only the tile's first threads run it (the
-// warps past the tile's rows skip it whole).
+// Row r's constants into *dst: out of line, since only the threads of the tile's rows run it
+// (the warps past them skip it whole).
 template <typename Family>
 __device__ __noinline__ void make_row(Consts<float>* dst, const RowParams<Family>& params, uint32_t r) {
   *dst = params.row_consts(r);
@@ -754,21 +759,26 @@ __global__ void __launch_bounds__(kThreads)
                          const __grid_constant__ RowParams<Family> params) {
   constexpr int V = kVec<scalar_t>;
   constexpr auto kTile = static_cast<uint32_t>(kRowsTile<scalar_t>);
-  FQ_SHARED(Consts<float>, rows, 2 * kThreads);
+  FQ_SHARED(Consts<float>, rows, 2 * kTileRows);
   const Divider32& inner = params.layout.inner;
   const int lane = threadIdx.x % kWarpSize;
   const auto tiles = static_cast<uint32_t>(n_vec / kTile);  // n < 2^31
   uint32_t buffer = 0;
-  for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x, buffer ^= kThreads) {
+  for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x, buffer ^= kTileRows) {
     const uint32_t t0 = t * kTile;
     // the tile's loads first: in flight over the rows' constants and the barrier
-    const uint32_t e[2] = {t0 + threadIdx.x * V, t0 + (kThreads + threadIdx.x) * V};
-    const Pack<scalar_t, V> in[2] = {load_lane<V>(x, e[0], n), load_lane<V>(x, e[1], n)};
-    const uint32_t first = inner.div(t0);
-    if (threadIdx.x <= inner.div(t0 + kTile - 1) - first) make_row(rows + buffer + threadIdx.x, params, first + threadIdx.x);
+    uint32_t e[kQuantizeTrip];
+    Pack<scalar_t, V> in[kQuantizeTrip];
+#pragma unroll
+    for (int h = 0; h < kQuantizeTrip; ++h) {
+      e[h] = t0 + (h * kThreads + threadIdx.x) * V;
+      in[h] = load_lane<V>(x, e[h], n);
+    }
+    const uint32_t first = inner.div(t0), count = inner.div(t0 + kTile - 1) - first + 1;
+    for (uint32_t r = threadIdx.x; r < count; r += kThreads) make_row(rows + buffer + r, params, first + r);
     __syncthreads();
 #pragma unroll
-    for (uint32_t h = 0; h < 2; ++h) {
+    for (int h = 0; h < kQuantizeTrip; ++h) {
       quantize_lane_row<V, F, O, W, M>(x, y, mask, e[h], n, in[h], rows[buffer + inner.div(e[h]) - first], lane);
     }
   }

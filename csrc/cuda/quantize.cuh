@@ -39,14 +39,14 @@ bool vector_aligned(const void* x, const void* y, const void* mask) {
 
 // Whether quantize_rows_kernel (kernels.cuh) takes the layout (float compute: the caller's): a
 // short layout whose innermost run shares one parameter (step 0) and is a multiple of V long,
-// at most kThreads rows in any tile, and the tensors aligned for vectors.
+// at most kTileRows rows in any tile, and the tensors aligned for vectors.
 template <typename scalar_t, MaskOut M>
 bool rows_kernel_applies(const QuantizeJob& job, const ShortLayout& layout) {
   constexpr int V = kVec<scalar_t>;
   if (!layout.applies || layout.step != 0) return false;
   const int64_t inner = layout.inner.d;
   // a tile's rows: at most kRowsTile / inner + 2 (a partial row at each end)
-  if (inner % V != 0 || kRowsTile<scalar_t> / inner + 2 > kThreads) return false;
+  if (inner % V != 0 || kRowsTile<scalar_t> / inner + 2 > kTileRows) return false;
   return vector_aligned<V, M>(job.x.const_data_ptr(), job.y.const_data_ptr(),
                               M == MaskOut::kNone ? nullptr : job.mask.const_data_ptr());
 }
