@@ -153,6 +153,13 @@ cuda-build: $(CUDA_BUILD)/.built
 sass: $(CUDA_BUILD)/.built
 	$(CUDA_PY) tools/sass_report.py $(CUDA_BUILD)
 
+# `make loop-shapes`: benchmarks/cuda_loop_shapes.cu (the kernels' loop shapes timed against
+# cudaMemcpyAsync on a GPU; make gpu-check runs it) compiled and linked for sm_90 with the
+# extension's flags, not run, so that a kernel header change that breaks it fails CI (15 s).
+.PHONY: loop-shapes
+loop-shapes: $(CUDA_DEPS)
+	CUDA_HOME="$(CUDA_HOME)" $(CUDA_PY) benchmarks/loop_shapes.py --build-only --arch sm_90
+
 # `make cuda-emulate`: the CUDA kernels executed on the CPU by our SIMT emulator
 # (tests/emulator/simt_emulator.h: test infrastructure, not shipped). First the
 # emulator's self-test (built plain, with ASan/UBSan and with ThreadSanitizer,

@@ -237,6 +237,14 @@ def _sources(pattern, exclude=()):
     return sorted(p for p in glob.glob(pattern, recursive=True) if p not in exclude)
 
 
+# nvcc's flags for the CUDA kernels (torch adds its own: cpp_extension's COMMON_NVCC_FLAGS, the
+# C++ standard; benchmarks/loop_shapes.py builds its program with the same). No --use_fast_math:
+# IEEE division, no flush to zero; -fmad=false so that no multiply and add fuse into one
+# rounding (the kernels also spell every operation with a _rn intrinsic).
+NVCC_FLAGS = ("-O3", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-fmad=false",
+              "-Xcompiler", "-ffp-contract=off")
+
+
 def extension():
     # Every C++ file under csrc/ but the CUDA backend and build_info.cpp (fakequant._build).
     sources = [p for p in _sources("csrc/**/*.cpp", exclude=("csrc/build_info.cpp",))
@@ -258,12 +266,7 @@ def extension():
         # slowest to compile (a parallel build then ends with the quick C++ files).
         sources = _sources("csrc/cuda/**/*.cu") + _sources("csrc/cuda/**/*.cpp") + sources
         cxx.append("-DFAKEQUANT_WITH_CUDA")  # csrc/ops registers the host functions for CUDA too
-        # No --use_fast_math: IEEE division, no flush to zero; -fmad=false so
-        # that no multiply and add fuse into one rounding (the kernels also
-        # spell every operation with a _rn intrinsic).
-        nvcc = ["-O3", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-fmad=false"]
-        nvcc += ["-Xcompiler", "-ffp-contract=off"]
-        kwargs["extra_compile_args"]["nvcc"] = nvcc
+        kwargs["extra_compile_args"]["nvcc"] = list(NVCC_FLAGS)
         return CUDAExtension("fakequant._C", sources, **kwargs)
     return CppExtension("fakequant._C", sources, **kwargs)
 

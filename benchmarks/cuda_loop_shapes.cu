@@ -2,11 +2,12 @@
 // bytes a streaming kernel keeps in flight, or its instructions and registers. One program, no
 // extension build (12 s of nvcc, 20 s in all on an H200): a copy in the loop shape of the
 // kernels (K vectors of 16 bytes a lane a trip, warp tiles, grid_for's grid) at occupancies set
-// by shared memory, beside the library's own per-tensor and last-axis kernels
-// (csrc/cuda/kernels.cuh, included as they are) and variants that differ from them in one
-// thing: the vectors a trip, each loaded as its work begins ("in turn", as the kernels did
-// before 2026-11-28) or all loaded first, or the registers a thread may hold
-// (__launch_bounds__). Every variant's output and packed mask are compared bit for bit with
+// by shared memory, beside the library's own per-tensor, last-axis and per-token kernels
+// (csrc/cuda/kernels.cuh and blockwise.cuh, included as they are) and variants that differ from
+// them in one thing: the vectors a trip, each loaded as its work begins ("in turn", as the
+// kernels did before 2026-11-28) or all loaded first, the registers a thread may hold
+// (__launch_bounds__), or per token the next row's prefetch to L2 (the library's since
+// 2026-11-29) left out. Every variant's output and packed mask are compared bit for bit with
 // the library kernel's (the program exits 2 where one differs). Times are medians of
 // interleaved rounds of CUDA events; the ratio is to cudaMemcpyAsync's time for the same
 // tensor (the packed mask's bytes count against the kernel). The H200's answer:
@@ -29,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels.cuh"
+#include "blockwise.cuh"  // (kernels.cuh, and the block-wise kernels: per token)
 
 using namespace fakequant;
 using namespace fakequant::gpu;
@@ -43,7 +44,9 @@ using namespace fakequant::gpu;
     }                                                                                           \
   } while (0)
 
-namespace {
+// (a named namespace: nvcc's stubs cannot tell two anonymous namespaces holding kernels apart,
+// this one and blockwise.cuh's)
+namespace loop_shapes {
 
 // Copy in the loop shape of quantize_kernel: a warp tile of K * 32 vectors, lane l's at
 // l, l + 32, ...; all K loads first, then the K stores. (The launch's dynamic shared memory, which
@@ -116,6 +119,15 @@ __global__ void __launch_bounds__(kThreads)
           x, y, mask, e, n, load_lane<V, true>(x, e, n), c, params, lane);
     }
   }
+}
+
+// quantize_innermost_kernel with kTrip vectors a thread a trip (the library's: 2).
+template <typename T, int kTrip>
+__global__ void __launch_bounds__(kThreads)
+    innermost_trip(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask, int64_t n,
+                   int64_t threads, const __grid_constant__ TableParams<float> params) {
+  quantize_innermost<T, Format::kInt, Output::kFake, Window::kQuantRange, MaskOut::kPacked, kTrip>(x, y, mask, n,
+                                                                                                 threads, params);
 }
 
 // quantize_innermost_kernel with at most 65536 / (kThreads * kMinBlocks) registers a thread.
@@ -271,6 +283,88 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
   bounded(innermost_bounded<T, 6>, 6);
   add("last axis, each vector loaded in turn (" + occupancy(innermost_in_turn<T>, 0) + ")", with_mask,
       [=] { innermost_in_turn<T><<<inner_blocks, kThreads>>>(x, y2, mask2, n, threads, tp); });
+  add("last axis, 4 vectors a trip loaded first (" + occupancy(innermost_trip<T, 4>, 0) + ")", with_mask,
+      [=] { innermost_trip<T, 4><<<inner_blocks, kThreads>>>(x, y2, mask2, n, threads, tp); });
+
+  // per token (int8, a float32 scale a row, not centered), as blockwise.cuh launches it: rows of
+  // 4096 on a thread block (float32's 4096; bfloat16 takes a warp there), rows of whole warp
+  // steps up to 16 on a warp (2048 float32, 4096 bfloat16), each with its next row prefetched
+  // to L2 (the library's) and without
+  const BlockRule<float> int8_rule{-128.0f, 127.0f, 0.0f};
+  const ParamPtr no_scale_amax{params_dev, ParamType::kFloat};  // (read for two-level scales only)
+  auto rows_of = [&](int64_t len) {
+    LaunchGeometry geo{};
+    geo.row_len = geo.block_size = geo.last_len = len;
+    geo.blocks_per_row = 1;
+    geo.total_blocks = n / len;
+    geo.mask_bytes = n / 8;
+    geo.aligned_words = true;
+    geo.scale = BlockScaleRule{BlockScale::kFloat32, 127.0f, 0};
+    geo.centered = false;
+    return geo;
+  };
+  auto* words = reinterpret_cast<uint32_t*>(mask);
+  auto* words2 = reinterpret_cast<uint32_t*>(mask2);
+  const LaunchGeometry rows4096 = rows_of(4096), warp_rows = rows_of(kWarpSize * V * kWarpHeldSteps);
+  const unsigned block_rows_grid = grid_for_tiles(rows4096.total_blocks * kWarpsPerBlock);
+  const unsigned warp_rows_grid = grid_for_tiles(warp_rows.total_blocks);
+  auto block_rows = blockwise_long_vector_kernel<T, Format::kInt, false, true, kThreads, true>;
+  auto block_rows_np = blockwise_long_vector_kernel<T, Format::kInt, false, true, kThreads, false>;
+  auto warp_rows_k = blockwise_long_vector_kernel<T, Format::kInt, false, true, kWarpSize, true>;
+  auto warp_rows_np = blockwise_long_vector_kernel<T, Format::kInt, false, true, kWarpSize, false>;
+  const std::string warp_len = std::to_string(warp_rows.block_size);
+  add("per token 4096, a thread block a row, library (" + occupancy(block_rows, 0) + ")", with_mask,
+      [=] { block_rows<<<block_rows_grid, kThreads>>>(x, y, words, rows4096, int8_rule, no_scale_amax); });
+  add("per token 4096, a thread block a row, no prefetch (" + occupancy(block_rows_np, 0) + ")", with_mask,
+      [=] { block_rows_np<<<block_rows_grid, kThreads>>>(x, y2, words2, rows4096, int8_rule, no_scale_amax); });
+  add("per token " + warp_len + ", a warp a row, library (" + occupancy(warp_rows_k, 0) + ")", with_mask,
+      [=] { warp_rows_k<<<warp_rows_grid, kThreads>>>(x, y, words, warp_rows, int8_rule, no_scale_amax); });
+  add("per token " + warp_len + ", a warp a row, no prefetch (" + occupancy(warp_rows_np, 0) + ")", with_mask,
+      [=] { warp_rows_np<<<warp_rows_grid, kThreads>>>(x, y2, words2, warp_rows, int8_rule, no_scale_amax); });
+
+  // int8 blocks of 32 and 128 with float32 scales (blockwise_vector_kernel, rows of 4096): the
+  // library's trip (K = 4 vectors a lane where a block is 2 or 4 vectors, else 8) beside the other
+  // K (8 where the library takes 4: two blocks a lane; 4 where it takes 8: fewer registers)
+  auto blocks_of = [&](int64_t size) {
+    LaunchGeometry geo = rows_of(4096);
+    geo.block_size = geo.last_len = size;
+    geo.blocks_per_row = 4096 / size;
+    geo.total_blocks = n / size;
+    geo.group_size = static_cast<int>(size / V);
+    while ((1 << geo.group_shift) < geo.group_size) ++geo.group_shift;
+    return geo;
+  };
+  struct BlockVariant {
+    std::string name;
+    std::function<void(T*, uint32_t*)> launch;  // into (y, words)
+  };
+  std::vector<BlockVariant> block_variants;
+  auto block_kernel = [&](int64_t size, auto kernel, int k, bool library) {
+    const LaunchGeometry geo = blocks_of(size);
+    const unsigned grid = grid_for_tiles((n + int64_t{kWarpSize} * k * V - 1) / (int64_t{kWarpSize} * k * V));
+    const std::string name = "int8 blocks of " + std::to_string(size) + ", K=" + std::to_string(k) +
+                             (library ? ", library" : "") + " (" + occupancy(kernel, 0) + ")";
+    block_variants.push_back({name, [=](T* out, uint32_t* w) {
+                                kernel<<<grid, kThreads>>>(x, out, w, n, geo, int8_rule, no_scale_amax);
+                              }});
+  };
+  constexpr auto kF32 = BlockScale::kFloat32;
+  if constexpr (V == 4) {  // float32: 32 = 8 vectors, 128 = 32
+    block_kernel(32, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8, true);
+    block_kernel(32, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4, false);
+    block_kernel(128, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8, true);
+    block_kernel(128, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4, false);
+  } else {  // bfloat16: 32 = 4 vectors, 128 = 16
+    block_kernel(32, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 2>, 4, true);
+    block_kernel(32, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 2>, 8, false);
+    block_kernel(128, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8, true);
+    block_kernel(128, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4, false);
+  }
+  for (const auto& b : block_variants) {
+    const bool library = b.name.find("library") != std::string::npos;
+    auto launch = b.launch;
+    add(b.name, with_mask, [=] { launch(library ? y : y2, library ? words : words2); });
+  }
 
   // the variants compute what the library computes, bit for bit
   unsigned long long* diff;
@@ -294,8 +388,27 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
     if (v.name.rfind(std::string(dtype) + " per tensor, K=", 0) == 0) {
       same(v.name.c_str(), v.launch, [=] { lib<<<lib_grid, kThreads>>>(x, y, mask, n, n, uniform); });
     }
-    if (v.name.rfind(std::string(dtype) + " last axis, l", 0) == 0 && v.name.find("library") == std::string::npos) {
+    if (v.name.rfind(std::string(dtype) + " last axis, ", 0) == 0 && v.name.find("library") == std::string::npos) {
       same(v.name.c_str(), v.launch, [=] { inner<<<inner_blocks, kThreads>>>(x, y, mask, n, threads, tp); });
+    }
+    if (v.name.rfind(std::string(dtype) + " per token 4096, a thread block a row, no", 0) == 0) {
+      same(v.name.c_str(), v.launch,
+           [=] { block_rows<<<block_rows_grid, kThreads>>>(x, y, words, rows4096, int8_rule, no_scale_amax); });
+    }
+    if (v.name.rfind(std::string(dtype) + " per token " + warp_len + ", a warp a row, no", 0) == 0) {
+      same(v.name.c_str(), v.launch,
+           [=] { warp_rows_k<<<warp_rows_grid, kThreads>>>(x, y, words, warp_rows, int8_rule, no_scale_amax); });
+    }
+    for (const auto& b : block_variants) {  // each block size's other K against its library K
+      const std::string size = b.name.substr(0, b.name.find(", K="));
+      if (v.name == std::string(dtype) + " " + b.name && b.name.find("library") == std::string::npos) {
+        for (const auto& lib_b : block_variants) {
+          if (lib_b.name.find("library") != std::string::npos && lib_b.name.rfind(size + ",", 0) == 0) {
+            auto launch = lib_b.launch;
+            same(v.name.c_str(), v.launch, [=] { launch(y, words); });
+          }
+        }
+      }
     }
   }
   CHECK(cudaDeviceSynchronize());
@@ -332,7 +445,9 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-}  // namespace
+}  // namespace loop_shapes
+
+using namespace loop_shapes;
 
 int main(int argc, char** argv) {
   const int log2n = argc > 1 ? std::atoi(argv[1]) : 28;

@@ -14,7 +14,9 @@ build included), printing as it goes:
    suite's CUDA cases; ``tools/op_fingerprint.py`` on the CPU and on CUDA, compared;
 2. the bandwidth table of ``benchmarks/bench_ops.py`` (every format at 2^28 elements where memory
    allows and 2^24, and per call at 2^10..2^20, beside ``torch.clone`` and torch's own fake-quant
-   ops, float32 and bfloat16, forward and forward+backward; within a one-minute budget);
+   ops, float32 and bfloat16, forward and forward+backward; within a one-minute budget), then
+   ``benchmarks/loop_shapes.py`` (the kernels' loop shapes and variants against
+   ``cudaMemcpyAsync``, each variant bit for bit against the library's kernel);
 3. the compiled QAT step of ``benchmarks/bench_compiled_qat.py`` (the ResNet-18, the small Llama and
    the MoE, float and fakequant, eager and compiled; within what is left of the run, at most four
    minutes, compiles included).
@@ -51,6 +53,7 @@ BUILD_DIR = os.path.join("build", "gpu-check", "temp")
 # The compiled step is last and takes what is left, up to its budget: on the H100 each compiled
 # configuration took 24-31 s to build, six of them (three models, float and fakequant).
 BENCH_OPS_BUDGET, BENCH_OPS_CAP = 60, 90
+LOOP_SHAPES_CAP = 90  # its nvcc (15 s here) and 15 rounds of about 40 variants at 2^28 (20 s on the H200)
 COMPILED_BUDGET, COMPILED_CAP = 240, 290
 
 
@@ -397,6 +400,11 @@ def plan(out):
                      log_name="bench_ops.md", parse=bench_ops_counts(os.path.join(out, "ops.json")),
                      budget=BENCH_OPS_BUDGET, args=["benchmarks/bench_ops.py", "--device", "cuda", "--no-progress",
                                                     "--json", os.path.join(out, "ops.json")])),
+        # the library's streaming kernels beside variants that change one thing each (loads in flight,
+        # registers, per token the next row's prefetch), against cudaMemcpyAsync, each variant
+        # checked bit for bit against the library's kernel (exit 2 where one differs); about 40 s
+        ("run", dict(name="benchmarks/loop_shapes.py (loop shapes, prefetch)", correctness=True, cap=LOOP_SHAPES_CAP,
+                     log_name="loop_shapes.md", args=["benchmarks/loop_shapes.py", "--log2", "28", "--rounds", "15"])),
         # float and fakequant, eager and compiled, of the three models, each model's table printed as it
         # completes; what is left of the run, up to four minutes, compiles included (issue 36, item 3)
         ("run", dict(name="benchmarks/bench_compiled_qat.py (resnet, llama, moe)", correctness=False,

@@ -148,7 +148,7 @@ def _block_kernels() -> List[Kernel]:
 def _long_block_kernels() -> List[Kernel]:
     """Blocks of 1024 elements or more (per token: a whole row; here int8 about the row's centre,
     Model Optimizer's dynamic per-token asymmetric rule): blockwise_long_vector_kernel<scalar_t,
-    Format, centered, held, group>. A warp a row (group 32) for rows of up to 16 of a warp's
+    Format, centered, held, group, prefetch> (no prefetch before 2026-11-29). A warp a row (group 32) for rows of up to 16 of a warp's
     vectors a thread (4096 bfloat16, 2048 float32 elements), held in registers: its loop is a
     row, both passes, 16 vectors a thread. A thread block a row (group 256), held for rows of up
     to 8 of its vectors a thread: its loop is a row of 8 vectors a thread (a shorter row pays the
@@ -160,9 +160,9 @@ def _long_block_kernels() -> List[Kernel]:
         c = re.escape(ctype)
         head = rf"blockwise_long_vector_kernel<{c}, \(fakequant::Format\)0, true"
         out.append(Kernel(f"per token, a warp a row (rows of 1024 to {512 * 16 // size}, centered int8), {dname}",
-                          [(rf"{head}, true, 32>", 16 * 16 // size)], 2 * size))
+                          [(rf"{head}, true, 32(, true)?>", 16 * 16 // size)], 2 * size))
         out.append(Kernel(f"per token (rows of 1024 or more, centered int8), {dname}",
-                          [(rf"{head}, true, 256>", 8 * 16 // size), (rf"{head}, true>", 8 * 16 // size),
+                          [(rf"{head}, true, 256(, true)?>", 8 * 16 // size), (rf"{head}, true>", 8 * 16 // size),
                            (rf"{head}>", 16 // size),
                            (rf"blockwise_long_kernel<{c}, \(fakequant::Format\)0>", 1)], 2 * size))
     return out

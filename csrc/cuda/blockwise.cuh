@@ -253,7 +253,8 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   // G = 2^shift lanes a block: kShift where it is known at compile time (blocks of 2 or 4
   // vectors), so that the shifts, masks and the max's shuffle loop fold; blocks of 8, 16 or 32
   // vectors (kShift 0) read it from the geometry. R = K / G blocks a lane (1 where G >= K).
-  static_assert(kShift == 0 ? K == 8 : (K >> kShift) >= 1, "K loads of whole blocks, 32 K / G <= 64 blocks a trip");
+  // (the launch takes K = 8 with kShift 0, benchmarks/cuda_loop_shapes.cu also 4: K <= G there)
+  static_assert(kShift == 0 ? (K == 4 || K == 8) : (K >> kShift) >= 1, "K loads of whole blocks");
   constexpr int R = kShift == 0 ? 1 : K >> kShift;
   const int shift = kShift != 0 ? kShift : geo.group_shift;
   const int G = 1 << shift;
@@ -384,8 +385,7 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
       continue;
     }
     if (!kFull && k >= loads) bits[k] = 0;
-#pragma unroll
-    for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits[k] |= __shfl_down_sync(kFullWarp, bits[k], s2) << (V * s2);
+    bits[k] = gather_lane_bits<V, kLanesPerWord>(bits[k]);
     if (lane % kLanesPerWord == 0) {
       if (kFull) {
         mask_words[w] = bits[k];
@@ -532,8 +532,7 @@ __device__ __noinline__ unsigned long_vector_slow(const scalar_t* __restrict__ x
 template <int V>
 __device__ __forceinline__ void store_row_bits(uint32_t* __restrict__ word, bool in_row, unsigned bits) {
   constexpr int kLanesPerWord = 32 / V;
-#pragma unroll
-  for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s2) << (V * s2);
+  bits = gather_lane_bits<V, kLanesPerWord>(bits);
   if (threadIdx.x % kLanesPerWord == 0 && in_row) *word = bits;
 }
 
@@ -562,16 +561,20 @@ __device__ __noinline__ void long_vector_row_slow(const scalar_t* __restrict__ x
 // for those), each thread's vectors held in registers between the passes, so that the block is
 // read once; otherwise (the thread block only) any length, read twice (the second time from
 // L2). A warp's blocks are whole steps (a multiple of 32 V elements: the launch sees to it), so
-// that its steps test nothing but the block's end.
+// that its steps test nothing but the block's end. kPrefetch (the held kernels): once a block's
+// loads are issued, the group asks L2 for its next block (prefetch_l2), which the memory then
+// fetches while the group reduces and quantizes this one, when the group's own loads have
+// nothing in flight (benchmarks/cuda_loop_shapes.cu times both).
 constexpr int kHeldSteps = 8;
 constexpr int kWarpHeldSteps = 16;
 
-template <typename scalar_t, Format F, bool kCentered, bool kHeld, int kGroup>
+template <typename scalar_t, Format F, bool kCentered, bool kHeld, int kGroup, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads)
     blockwise_long_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                  uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
                                  const BlockRule<float> rule, const ParamPtr scale_amax) {
   static_assert(kGroup == kThreads || (kGroup == kWarpSize && kHeld), "a thread block, or a warp holding its rows");
+  static_assert(kHeld || !kPrefetch, "a block read twice would compete with its prefetched successor for L2");
   constexpr int V = kVec<scalar_t>;
   constexpr int kGroups = kThreads / kGroup;  // blocks a thread block works on at once
   constexpr int kSteps = kGroup == kWarpSize ? kWarpHeldSteps : kHeldSteps;
@@ -608,9 +611,19 @@ __global__ void __launch_bounds__(kThreads)
       if (k * kStep >= len) break;  // (the whole group alike)
       const Off i = k * kStep + Off{t} * V;
       if (kWholeSteps || i < len) {
-        const Pack<scalar_t, V> raw = *reinterpret_cast<const Pack<scalar_t, V>*>(xt + k * kStep);
+        const Pack<scalar_t, V> raw = load_read_only<V>(xt + k * kStep);
         if constexpr (kHeld) held[k] = raw;
         keys.add(raw);
+      }
+    }
+    if constexpr (kPrefetch) {
+      const int64_t next = blk + int64_t{gridDim.x} * kGroups;  // the group's next block
+      if (next < geo.total_blocks) {
+#pragma unroll
+        for (Off k = 0; k < steps; ++k) {
+          if (k * kStep >= len) break;  // (the whole group alike)
+          if (kWholeSteps || k * kStep + Off{t} * V < len) prefetch_l2(xt + (next - blk) * geo.block_size + k * kStep);
+        }
       }
     }
     uint32_t m, n;
@@ -642,7 +655,7 @@ __global__ void __launch_bounds__(kThreads)
       unsigned bits = 0;
       if (kWholeSteps || i < len) {
         const Pack<float, V> in =
-            to_floats(kHeld ? held[kHeld ? k : 0] : *reinterpret_cast<const Pack<scalar_t, V>*>(xt + k * kStep));
+            to_floats(kHeld ? held[kHeld ? k : 0] : load_read_only<V>(xt + k * kStep));
         Pack<scalar_t, V> out;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -719,14 +732,14 @@ void blockwise_typed(const BlockwiseJob& job) {
             constexpr bool kCentered = decltype(centered_tag)::value;
             if (geo.block_size <= int64_t{kWarpSize} * V * kWarpHeldSteps &&
                 geo.block_size % (int64_t{kWarpSize} * V) == 0) {  // a warp a block, whole steps
-              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, true, kWarpSize>,
+              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, true, kWarpSize, true>,
                             grid_for(geo.total_blocks, job.x.get_device()), stream, xp, yp, words, geo, rule,
                             job.scale_amax);
             } else if (geo.block_size <= int64_t{kThreads} * V * kHeldSteps) {
-              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, true, kThreads>, blocks, stream, xp,
+              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, true, kThreads, true>, blocks, stream, xp,
                             yp, words, geo, rule, job.scale_amax);
             } else {
-              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, false, kThreads>, blocks, stream,
+              launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, false, kThreads, false>, blocks, stream,
                             xp, yp, words, geo, rule, job.scale_amax);
             }
           };

@@ -124,8 +124,7 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
       *reinterpret_cast<Pack<scalar_t, V>*>(y + first + k * kLoad) = out;
     }
     // The first lane of each 32 / V gathers their bits into the word it stores.
-#pragma unroll
-    for (int s2 = 1; s2 < kLanesPerWord; s2 *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s2) << (V * s2);
+    bits = gather_lane_bits<V, kLanesPerWord>(bits);
     if (lane % kLanesPerWord == 0 && held) {
       const int64_t w = (first + k * kLoad) / 32;
       if (kFull) {

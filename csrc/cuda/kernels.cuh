@@ -538,6 +538,17 @@ __device__ __forceinline__ unsigned quantize_vector(const scalar_t* __restrict__
   return quantize_vector_other<V, F, O, W>(x, y, e0, params);
 }
 
+// The mask bits of kLanes consecutive lanes (a power of two; the group's first lane a multiple of
+// it), V a lane, gathered into the first one's: lane i of the group's bits at V * i. (What the
+// other lanes get is not used.) Every lane of the warp calls it together. The packed mask's
+// bytes (store_packed_mask) and the block-wise kernels' 32-bit words are made by it.
+template <int V, int kLanes>
+__device__ __forceinline__ unsigned gather_lane_bits(unsigned bits) {
+#pragma unroll
+  for (int s = 1; s < kLanes; s *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s) << (V * s);
+  return bits;
+}
+
 // A packed mask's bits of a lane's V elements from e0 (bit k: element e0 + k; 0 past n): the
 // first of each 8 / V lanes, whose vectors are consecutive, gathers their bits into the byte it
 // stores. Every lane of the warp calls it together.
@@ -546,8 +557,7 @@ __device__ __forceinline__ void store_packed_mask(uint8_t* __restrict__ mask, in
                                                   int lane) {
   if constexpr (M == MaskOut::kPacked) {
     constexpr int kLanesPerByte = 8 / V;
-#pragma unroll
-    for (int s = 1; s < kLanesPerByte; s *= 2) bits |= __shfl_down_sync(kFullWarp, bits, s) << (V * s);
+    bits = gather_lane_bits<V, kLanesPerByte>(bits);
     if (lane % kLanesPerByte == 0 && e0 < n) mask[e0 / 8] = static_cast<uint8_t>(bits);
   }
 }
@@ -562,6 +572,30 @@ __device__ __forceinline__ Pack<scalar_t, V> load_lane(const scalar_t* __restric
   Pack<scalar_t, V> in{};
   if (!kGuarded || e0 < n) in = *reinterpret_cast<const Pack<scalar_t, V>*>(x + e0);
   return in;
+}
+
+// Asks L2 for the memory at p ahead of its loads (prefetch.global.L2): no register waits for
+// it, so the memory fetches what a kernel reads next while the kernel works on what it holds
+// (per token: a row's reduction and work have no loads of their own in flight). Nothing in the
+// emulator, whose memory has no cache.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(FAKEQUANT_SIMT_EMULATOR)
+  (void)p;
+#else
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p)));
+#endif
+}
+
+// A 16-byte vector by the read-only path (LDG.E.128.CONSTANT, ld.global.nc), which nvcc takes
+// for a plain load of const __restrict__ memory only where the kernel has no asm statement
+// (prefetch_l2's) that might write it.
+template <int V, typename scalar_t>
+__device__ __forceinline__ Pack<scalar_t, V> load_read_only(const scalar_t* __restrict__ p) {
+  static_assert(sizeof(Pack<scalar_t, V>) == sizeof(uint4), "a 16-byte vector");
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+  Pack<scalar_t, V> out;
+  memcpy(&out, &u, sizeof(out));
+  return out;
 }
 
 // One lane's part of a warp tile: elements e0 .. e0 + V - 1, loaded (load_lane) as `in`.
@@ -641,9 +675,10 @@ __global__ void __launch_bounds__(kThreads)
 // output aligned for vectors. The grid's `threads` (a multiple of channels / V and of the warp:
 // innermost_threads, quantize.cuh) walk the vectors tid, tid + threads, ...: a thread's vectors
 // hold the same V channels, whose constants it loads once, before its loop, so that the loop
-// is the per-tensor one with an entry an element. Two vectors a trip (as quantize_kernel); a
-// vector with an element outside the fast division's range, or a channel whose scale is,
-// goes out of line (quantize_vector_table). The channels' test is made once, before the loop,
+// is the per-tensor one with an entry an element. Two vectors a trip (kTrip: the per-tensor
+// kernel takes four; benchmarks/cuda_loop_shapes.cu times four here too, beside the V channels'
+// constants the thread holds); a vector with an element outside the fast division's range, or a
+// channel whose scale is, goes out of line (quantize_vector_table). The channels' test is made once, before the loop,
 // and picks one of two loops (kFastChannels), so that the loop tests the elements alone.
 template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, typename scalar_t>
 __device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
@@ -665,22 +700,28 @@ __device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restri
 }
 
 // The thread's vectors tid, tid + threads, ...: the warp's, v - lane, the same for every lane,
-// decides the trip; both vectors' loads (the second may be past the end) before either's work.
-template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, typename scalar_t>
+// decides the trip of kTrip vectors; their loads (all but the first may be past the end) before
+// any one's work.
+template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, int kTrip, typename scalar_t>
 __device__ __forceinline__ void quantize_innermost_loop(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                         uint8_t* __restrict__ mask, int64_t n, int64_t threads,
                                                         int64_t tid, const Consts<float> (&c)[V],
                                                         const TableParams<float>& params, int lane) {
-  for (int64_t v = tid; v - lane < n / V; v += 2 * threads) {
-    const int64_t e0 = v * V, e1 = (v + threads) * V;
-    const Pack<scalar_t, V> in0 = load_lane<V, true>(x, e0, n), in1 = load_lane<V, true>(x, e1, n);
-    quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, e0, n, in0, c, params, lane);
-    quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, e1, n, in1, c, params, lane);
+  for (int64_t v = tid; v - lane < n / V; v += kTrip * threads) {
+    Pack<scalar_t, V> in[kTrip];
+#pragma unroll
+    for (int k = 0; k < kTrip; ++k) in[k] = load_lane<V, true>(x, (v + k * threads) * V, n);
+#pragma unroll
+    for (int k = 0; k < kTrip; ++k) {
+      quantize_lane_innermost<V, F, O, W, M, kFastChannels>(x, y, mask, (v + k * threads) * V, n, in[k], c, params,
+                                                            lane);
+    }
   }
 }
 
-// The kernel's body (benchmarks/cuda_loop_shapes.cu compiles it under other launch bounds too).
-template <typename scalar_t, Format F, Output O, Window W, MaskOut M>
+// The kernel's body, two vectors a trip (benchmarks/cuda_loop_shapes.cu compiles it with other
+// trips and under other launch bounds too).
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M, int kTrip = 2>
 __device__ __forceinline__ void quantize_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                    uint8_t* __restrict__ mask, int64_t n, int64_t threads,
                                                    const TableParams<float>& params) {
@@ -698,9 +739,9 @@ __device__ __forceinline__ void quantize_innermost(const scalar_t* __restrict__ 
     fast &= c[k].inverse != 0.0f;  // (with_divisor: 0 where not fast)
   }
   if (fast) {
-    quantize_innermost_loop<V, F, O, W, M, true>(x, y, mask, n, threads, tid, c, params, lane);
+    quantize_innermost_loop<V, F, O, W, M, true, kTrip>(x, y, mask, n, threads, tid, c, params, lane);
   } else {
-    quantize_innermost_loop<V, F, O, W, M, false>(x, y, mask, n, threads, tid, c, params, lane);
+    quantize_innermost_loop<V, F, O, W, M, false, kTrip>(x, y, mask, n, threads, tid, c, params, lane);
   }
 }
 
