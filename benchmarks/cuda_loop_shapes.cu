@@ -237,6 +237,16 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
   auto add = [&](std::string name, double bytes, std::function<void()> f) {
     all.push_back({std::string(dtype) + " " + name, bytes, std::move(f), {}});
   };
+  // a variant (into y2, mask2) and the library kernel it must match bit for bit (into y, mask)
+  struct Check {
+    std::string name;
+    std::function<void()> mine, theirs;
+  };
+  std::vector<Check> checks;
+  auto add_variant = [&](std::string name, std::function<void()> f, std::function<void()> library) {
+    add(name, with_mask, f);
+    checks.push_back({all.back().name, std::move(f), std::move(library)});
+  };
   add("cudaMemcpyAsync", plain, [=] { CHECK(cudaMemcpyAsync(y2, x, n * sizeof(T), cudaMemcpyDeviceToDevice)); });
   auto copy_at = [&](auto kernel, int k, int blocks_per_sm) {
     const size_t smem = smem_for(blocks_per_sm);
@@ -255,14 +265,14 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
   auto lib = quantize_kernel<T, Format::kInt, Output::kFake, Window::kQuantRange, MaskOut::kPacked,
                              UniformParams<float, AffineFamily>>;
   const unsigned lib_grid = grid_for_tiles(n / kQuantizeTile<T>);
-  add("per tensor, library (" + occupancy(lib, 0) + ")", with_mask,
-      [=] { lib<<<lib_grid, kThreads>>>(x, y, mask, n, n, uniform); });
+  const std::function<void()> per_tensor = [=] { lib<<<lib_grid, kThreads>>>(x, y, mask, n, n, uniform); };
+  add("per tensor, library (" + occupancy(lib, 0) + ")", with_mask, per_tensor);
   auto trips = [&](auto kernel, int k) {
     // (k < 0: the trip's vectors loaded first)
     const unsigned grid = grid_for_tiles(n / (int64_t{std::abs(k)} * kWarpSize * V));
-    add("per tensor, K=" + std::to_string(std::abs(k)) + (k < 0 ? " loaded first" : " in turn") + " (" +
-            occupancy(kernel, 0) + ")", with_mask,
-        [=] { kernel<<<grid, kThreads>>>(x, y2, mask2, n, uniform); });
+    add_variant("per tensor, K=" + std::to_string(std::abs(k)) + (k < 0 ? " loaded first" : " in turn") + " (" +
+                    occupancy(kernel, 0) + ")",
+                [=] { kernel<<<grid, kThreads>>>(x, y2, mask2, n, uniform); }, per_tensor);
   };
   using Uniform = UniformParams<float, AffineFamily>;
   trips(quantize_trips<T, 1, false, Uniform>, 1);
@@ -272,19 +282,17 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
   trips(quantize_trips<T, 4, true, Uniform>, -4);
   trips(quantize_trips<T, 8, true, Uniform>, -8);
   auto inner = quantize_innermost_kernel<T, Format::kInt, Output::kFake, Window::kQuantRange, MaskOut::kPacked>;
-  add("last axis, library (" + occupancy(inner, 0) + ")", with_mask,
-      [=] { inner<<<inner_blocks, kThreads>>>(x, y, mask, n, threads, tp); });
-  auto bounded = [&](auto kernel, int b) {
-    add("last axis, launch bounds " + std::to_string(b) + " (" + occupancy(kernel, 0) + ")", with_mask,
-        [=] { kernel<<<inner_blocks, kThreads>>>(x, y2, mask2, n, threads, tp); });
+  const std::function<void()> last_axis = [=] { inner<<<inner_blocks, kThreads>>>(x, y, mask, n, threads, tp); };
+  add("last axis, library (" + occupancy(inner, 0) + ")", with_mask, last_axis);
+  auto inner_variant = [&](std::string name, auto kernel) {
+    add_variant("last axis, " + name + " (" + occupancy(kernel, 0) + ")",
+                [=] { kernel<<<inner_blocks, kThreads>>>(x, y2, mask2, n, threads, tp); }, last_axis);
   };
-  bounded(innermost_bounded<T, 3>, 3);
-  bounded(innermost_bounded<T, 4>, 4);
-  bounded(innermost_bounded<T, 6>, 6);
-  add("last axis, each vector loaded in turn (" + occupancy(innermost_in_turn<T>, 0) + ")", with_mask,
-      [=] { innermost_in_turn<T><<<inner_blocks, kThreads>>>(x, y2, mask2, n, threads, tp); });
-  add("last axis, 4 vectors a trip loaded first (" + occupancy(innermost_trip<T, 4>, 0) + ")", with_mask,
-      [=] { innermost_trip<T, 4><<<inner_blocks, kThreads>>>(x, y2, mask2, n, threads, tp); });
+  inner_variant("launch bounds 3", innermost_bounded<T, 3>);
+  inner_variant("launch bounds 4", innermost_bounded<T, 4>);
+  inner_variant("launch bounds 6", innermost_bounded<T, 6>);
+  inner_variant("each vector loaded in turn", innermost_in_turn<T>);
+  inner_variant("4 vectors a trip loaded first", innermost_trip<T, 4>);
 
   // per token (int8, a float32 scale a row, not centered), as blockwise.cuh launches it: rows of
   // 4096 on a thread block (float32's 4096; bfloat16 takes a warp there), rows of whole warp
@@ -313,14 +321,20 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
   auto warp_rows_k = blockwise_long_vector_kernel<T, Format::kInt, false, true, kWarpSize, true>;
   auto warp_rows_np = blockwise_long_vector_kernel<T, Format::kInt, false, true, kWarpSize, false>;
   const std::string warp_len = std::to_string(warp_rows.block_size);
-  add("per token 4096, a thread block a row, library (" + occupancy(block_rows, 0) + ")", with_mask,
-      [=] { block_rows<<<block_rows_grid, kThreads>>>(x, y, words, rows4096, int8_rule, no_scale_amax); });
-  add("per token 4096, a thread block a row, no prefetch (" + occupancy(block_rows_np, 0) + ")", with_mask,
-      [=] { block_rows_np<<<block_rows_grid, kThreads>>>(x, y2, words2, rows4096, int8_rule, no_scale_amax); });
-  add("per token " + warp_len + ", a warp a row, library (" + occupancy(warp_rows_k, 0) + ")", with_mask,
-      [=] { warp_rows_k<<<warp_rows_grid, kThreads>>>(x, y, words, warp_rows, int8_rule, no_scale_amax); });
-  add("per token " + warp_len + ", a warp a row, no prefetch (" + occupancy(warp_rows_np, 0) + ")", with_mask,
-      [=] { warp_rows_np<<<warp_rows_grid, kThreads>>>(x, y2, words2, warp_rows, int8_rule, no_scale_amax); });
+  const std::function<void()> block_library = [=] {
+    block_rows<<<block_rows_grid, kThreads>>>(x, y, words, rows4096, int8_rule, no_scale_amax);
+  };
+  const std::function<void()> warp_library = [=] {
+    warp_rows_k<<<warp_rows_grid, kThreads>>>(x, y, words, warp_rows, int8_rule, no_scale_amax);
+  };
+  add("per token 4096, a thread block a row, library (" + occupancy(block_rows, 0) + ")", with_mask, block_library);
+  add_variant("per token 4096, a thread block a row, no prefetch (" + occupancy(block_rows_np, 0) + ")",
+              [=] { block_rows_np<<<block_rows_grid, kThreads>>>(x, y2, words2, rows4096, int8_rule, no_scale_amax); },
+              block_library);
+  add("per token " + warp_len + ", a warp a row, library (" + occupancy(warp_rows_k, 0) + ")", with_mask, warp_library);
+  add_variant("per token " + warp_len + ", a warp a row, no prefetch (" + occupancy(warp_rows_np, 0) + ")",
+              [=] { warp_rows_np<<<warp_rows_grid, kThreads>>>(x, y2, words2, warp_rows, int8_rule, no_scale_amax); },
+              warp_library);
 
   // int8 blocks of 32 and 128 with float32 scales (blockwise_vector_kernel, rows of 4096): the
   // library's trip (K = 4 vectors a lane where a block is 2 or 4 vectors, else 8) beside the other
@@ -334,36 +348,32 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
     while ((1 << geo.group_shift) < geo.group_size) ++geo.group_shift;
     return geo;
   };
-  struct BlockVariant {
-    std::string name;
-    std::function<void(T*, uint32_t*)> launch;  // into (y, words)
-  };
-  std::vector<BlockVariant> block_variants;
-  auto block_kernel = [&](int64_t size, auto kernel, int k, bool library) {
+  // each block size's library kernel, then the other trip length against it
+  auto blocks = [&](int64_t size, auto library, int k_library, auto other, int k_other) {
     const LaunchGeometry geo = blocks_of(size);
-    const unsigned grid = grid_for_tiles((n + int64_t{kWarpSize} * k * V - 1) / (int64_t{kWarpSize} * k * V));
-    const std::string name = "int8 blocks of " + std::to_string(size) + ", K=" + std::to_string(k) +
-                             (library ? ", library" : "") + " (" + occupancy(kernel, 0) + ")";
-    block_variants.push_back({name, [=](T* out, uint32_t* w) {
-                                kernel<<<grid, kThreads>>>(x, out, w, n, geo, int8_rule, no_scale_amax);
-                              }});
+    auto grid = [&](int k) {
+      return grid_for_tiles((n + int64_t{kWarpSize} * k * V - 1) / (int64_t{kWarpSize} * k * V));
+    };
+    const unsigned g_library = grid(k_library), g_other = grid(k_other);
+    const std::string name = "int8 blocks of " + std::to_string(size) + ", K=";
+    const std::function<void()> theirs = [=] {
+      library<<<g_library, kThreads>>>(x, y, words, n, geo, int8_rule, no_scale_amax);
+    };
+    add(name + std::to_string(k_library) + ", library (" + occupancy(library, 0) + ")", with_mask, theirs);
+    add_variant(name + std::to_string(k_other) + " (" + occupancy(other, 0) + ")",
+                [=] { other<<<g_other, kThreads>>>(x, y2, words2, n, geo, int8_rule, no_scale_amax); }, theirs);
   };
   constexpr auto kF32 = BlockScale::kFloat32;
   if constexpr (V == 4) {  // float32: 32 = 8 vectors, 128 = 32
-    block_kernel(32, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8, true);
-    block_kernel(32, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4, false);
-    block_kernel(128, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8, true);
-    block_kernel(128, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4, false);
+    blocks(32, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8,
+           blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4);
+    blocks(128, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8,
+           blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4);
   } else {  // bfloat16: 32 = 4 vectors, 128 = 16
-    block_kernel(32, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 2>, 4, true);
-    block_kernel(32, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 2>, 8, false);
-    block_kernel(128, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8, true);
-    block_kernel(128, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4, false);
-  }
-  for (const auto& b : block_variants) {
-    const bool library = b.name.find("library") != std::string::npos;
-    auto launch = b.launch;
-    add(b.name, with_mask, [=] { launch(library ? y : y2, library ? words : words2); });
+    blocks(32, blockwise_vector_kernel<T, Format::kInt, kF32, 4, 2>, 4,
+           blockwise_vector_kernel<T, Format::kInt, kF32, 8, 2>, 8);
+    blocks(128, blockwise_vector_kernel<T, Format::kInt, kF32, 8, 0>, 8,
+           blockwise_vector_kernel<T, Format::kInt, kF32, 4, 0>, 4);
   }
 
   // the variants compute what the library computes, bit for bit
@@ -381,36 +391,10 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
     count_differences<<<1024, 256>>>(mask, mask2, n / 8, diff);
     unsigned long long d = 0;
     CHECK(cudaMemcpy(&d, diff, sizeof d, cudaMemcpyDeviceToHost));
-    std::printf("check %s %s: %llu bytes differ\n", dtype, what, d);
+    std::printf("check %s: %llu bytes differ\n", what, d);
     g_differ += d != 0;
   };
-  for (auto& v : all) {
-    if (v.name.rfind(std::string(dtype) + " per tensor, K=", 0) == 0) {
-      same(v.name.c_str(), v.launch, [=] { lib<<<lib_grid, kThreads>>>(x, y, mask, n, n, uniform); });
-    }
-    if (v.name.rfind(std::string(dtype) + " last axis, ", 0) == 0 && v.name.find("library") == std::string::npos) {
-      same(v.name.c_str(), v.launch, [=] { inner<<<inner_blocks, kThreads>>>(x, y, mask, n, threads, tp); });
-    }
-    if (v.name.rfind(std::string(dtype) + " per token 4096, a thread block a row, no", 0) == 0) {
-      same(v.name.c_str(), v.launch,
-           [=] { block_rows<<<block_rows_grid, kThreads>>>(x, y, words, rows4096, int8_rule, no_scale_amax); });
-    }
-    if (v.name.rfind(std::string(dtype) + " per token " + warp_len + ", a warp a row, no", 0) == 0) {
-      same(v.name.c_str(), v.launch,
-           [=] { warp_rows_k<<<warp_rows_grid, kThreads>>>(x, y, words, warp_rows, int8_rule, no_scale_amax); });
-    }
-    for (const auto& b : block_variants) {  // each block size's other K against its library K
-      const std::string size = b.name.substr(0, b.name.find(", K="));
-      if (v.name == std::string(dtype) + " " + b.name && b.name.find("library") == std::string::npos) {
-        for (const auto& lib_b : block_variants) {
-          if (lib_b.name.find("library") != std::string::npos && lib_b.name.rfind(size + ",", 0) == 0) {
-            auto launch = lib_b.launch;
-            same(v.name.c_str(), v.launch, [=] { launch(y, words); });
-          }
-        }
-      }
-    }
-  }
+  for (const auto& c : checks) same(c.name.c_str(), c.mine, c.theirs);
   CHECK(cudaDeviceSynchronize());
 
   // interleaved rounds: every variant once a round

@@ -13,7 +13,6 @@ fails there.
 import argparse
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,15 +34,12 @@ def nvcc_flags():
     return [*setup.NVCC_FLAGS, *cpp_extension.COMMON_NVCC_FLAGS, "-std=c++20", *includes]
 
 
-def find_nvcc():
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    path = os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc") or (path if os.path.exists(path) else None)
-
-
 def build(out_dir, arch):
-    nvcc = find_nvcc()
-    if nvcc is None:
+    from torch.utils import cpp_extension
+
+    # the extension build's nvcc: torch's CUDA_HOME (the variable, else the nvcc on PATH)
+    nvcc = os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
+    if not os.path.exists(nvcc):
         sys.exit("loop_shapes: no nvcc (set CUDA_HOME or put nvcc on PATH)")
     binary = os.path.join(out_dir, "cuda_loop_shapes")
     cmd = [nvcc, *nvcc_flags(), f"-arch={arch}", SOURCE, "-o", binary]

@@ -561,10 +561,10 @@ __device__ __noinline__ void long_vector_row_slow(const scalar_t* __restrict__ x
 // for those), each thread's vectors held in registers between the passes, so that the block is
 // read once; otherwise (the thread block only) any length, read twice (the second time from
 // L2). A warp's blocks are whole steps (a multiple of 32 V elements: the launch sees to it), so
-// that its steps test nothing but the block's end. kPrefetch (the held kernels): once a block's
-// loads are issued, the group asks L2 for its next block (prefetch_l2), which the memory then
-// fetches while the group reduces and quantizes this one, when the group's own loads have
-// nothing in flight (benchmarks/cuda_loop_shapes.cu times both).
+// that its steps test nothing but the block's end. kPrefetch (the held kernels): beside each of
+// a block's loads the group asks L2 for the same vector of its next block (prefetch_l2), which
+// the memory then fetches while the group reduces and quantizes this one, when the group's own
+// loads have nothing in flight (benchmarks/cuda_loop_shapes.cu times both).
 constexpr int kHeldSteps = 8;
 constexpr int kWarpHeldSteps = 16;
 
@@ -604,6 +604,10 @@ __global__ void __launch_bounds__(kThreads)
     const scalar_t* __restrict__ xt = xr + Off{t} * V;
     scalar_t* __restrict__ yt = yr + Off{t} * V;
     uint32_t* __restrict__ wt = wr + Off{t} * V / 32;
+    // kPrefetch: the same vector of the group's next block, asked of L2 beside each load
+    const int64_t next = blk + int64_t{gridDim.x} * kGroups;
+    const bool prefetch = kPrefetch && next < geo.total_blocks;
+    const scalar_t* xn = prefetch ? xt + (next - blk) * geo.block_size : xt;
     Pack<scalar_t, V> held[kHeld ? kSteps : 1];
     RowKeys<scalar_t, kCentered> keys;
 #pragma unroll
@@ -612,18 +616,9 @@ __global__ void __launch_bounds__(kThreads)
       const Off i = k * kStep + Off{t} * V;
       if (kWholeSteps || i < len) {
         const Pack<scalar_t, V> raw = load_read_only<V>(xt + k * kStep);
+        if (prefetch) prefetch_l2(xn + k * kStep);
         if constexpr (kHeld) held[k] = raw;
         keys.add(raw);
-      }
-    }
-    if constexpr (kPrefetch) {
-      const int64_t next = blk + int64_t{gridDim.x} * kGroups;  // the group's next block
-      if (next < geo.total_blocks) {
-#pragma unroll
-        for (Off k = 0; k < steps; ++k) {
-          if (k * kStep >= len) break;  // (the whole group alike)
-          if (kWholeSteps || k * kStep + Off{t} * V < len) prefetch_l2(xt + (next - blk) * geo.block_size + k * kStep);
-        }
       }
     }
     uint32_t m, n;

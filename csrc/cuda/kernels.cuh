@@ -678,8 +678,9 @@ __global__ void __launch_bounds__(kThreads)
 // is the per-tensor one with an entry an element. Two vectors a trip (kTrip: the per-tensor
 // kernel takes four; benchmarks/cuda_loop_shapes.cu times four here too, beside the V channels'
 // constants the thread holds); a vector with an element outside the fast division's range, or a
-// channel whose scale is, goes out of line (quantize_vector_table). The channels' test is made once, before the loop,
-// and picks one of two loops (kFastChannels), so that the loop tests the elements alone.
+// channel whose scale is, goes out of line (quantize_vector_table). The channels' test is made
+// once, before the loop, and picks one of two loops (kFastChannels), so that the loop tests the
+// elements alone.
 template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, typename scalar_t>
 __device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                         uint8_t* __restrict__ mask, int64_t e0, int64_t n,
