@@ -278,3 +278,38 @@ def test_cuda_graph_captures_a_training_step():
     torch.testing.assert_close(torch.stack(losses), torch.stack(eager_losses), rtol=1e-2, atol=1e-3)
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-2, atol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("name", ["amax", "affine", "fp8", "min_max", "blockwise", "ggml"])
+def test_composites_on_cpu_tensors_only(name):
+    """The composite path decomposes an op for a CPU tensor; on any other device (here the meta
+    device, standing in for CUDA, whose Inductor kernels round the rules' arithmetic otherwise:
+    fakequant/composite/compiled.py) the graph keeps the operator."""
+    def call(device):
+        one, two = torch.tensor(1.0, device=device), torch.tensor(2.0, device=device)
+        return {
+            "amax": lambda x: fakequant.fake_quantize_amax(x, two),
+            "affine": lambda x: fakequant.fake_quantize_per_tensor_affine(x, two, two.int(), -128, 127),
+            "fp8": lambda x: fakequant.fake_quantize_fp8(x, two),
+            "min_max": lambda x: fakequant.fake_quantize_min_max(x, -one, one),
+            "blockwise": lambda x: fakequant.fake_quantize_blockwise(x, 16),
+            "ggml": lambda x: fakequant.ops.fake_quantize_ggml(x, 32, 4),
+        }[name]
+
+    previous = fakequant.compiled_path()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+
+    fakequant.set_compiled_path("composite")
+    try:
+        for device in ("cpu", "meta"):
+            torch._dynamo.reset()
+            torch.compile(call(device), backend=backend, fullgraph=True)(torch.randn(4, 32, device=device))
+    finally:
+        fakequant.set_compiled_path(previous)
+    operators = [{t for t in g if t.startswith("fakequant.")} for g in graphs]
+    assert operators[0] == set(), operators[0]  # the rule in plain PyTorch
+    assert len(operators[1]) == 1, graphs[1]  # the operator itself

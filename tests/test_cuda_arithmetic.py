@@ -83,3 +83,52 @@ def test_the_rule_gives_one_value(divisor):
     with CudaArithmetic():
         emulated = _core.divide(x, divisor)
     assert bits_equal(emulated, _core.divide(x, divisor)) and bits_equal(emulated, x / divisor)
+
+
+def inductor_cuda_division(gm, example_inputs):
+    """What Inductor's CUDA code makes of an FX graph's divisions by a constant (its lowering
+    of ``div``, torch/_inductor/lowering.py ``div_prim``): the product by the divisor's
+    reciprocal rounded to the dividend's dtype. The graph's other operations run as eager."""
+    for node in list(gm.graph.nodes):
+        divisor = node.args[1] if node.target is torch.ops.aten.div.Tensor else None
+        if isinstance(divisor, torch.fx.Node) and divisor.target is torch.ops.aten.full.default:
+            constant = divisor.args[1]
+            with gm.graph.inserting_before(node):
+                node.target, node.args = torch.ops.aten.mul.Tensor, (node.args[0], 1.0 / constant)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_rule_is_exact_where_inductor_multiplies_by_the_reciprocal(dtype):
+    """_core.divide divides a narrower dividend in float64, rounded once to its dtype: compiled,
+    where Inductor's CUDA code multiplies by the rounded reciprocal instead, the result is still the
+    quotient, for every divisor the library passes; the same rewrite of a float32 division
+    (what divide computed before) gives other values."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(fw_compiler=inductor_cuda_division)
+    # dividends: every float32 significand step in [1, 2) at a stride, scaled across the range
+    base = 1.0 + torch.arange(0, 2**23, 37, dtype=torch.float64) / 2**23
+    x = torch.cat([base * 2.0**e for e in (-20, -3, 0, 1, 7, 30)]).to(dtype)
+    divisors = [3, 7, 15, 127, 255, 448, 2**16 - 1, 6 * 448, 7.5 * 448, 28 * 448, -8.0, 57344 * 448, 12.0, 2048]
+    plain_changed = False
+    for divisor in divisors:
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t: _core.divide(t, divisor), backend=backend, fullgraph=True)(x)
+        quotient = (x.double() / divisor).to(dtype)  # rounded once
+        assert bits_equal(compiled, quotient) and bits_equal(_core.divide(x, divisor), quotient), divisor
+        torch._dynamo.reset()
+        plain = torch.compile(lambda t: t / torch.full((), divisor, dtype=dtype), backend=backend, fullgraph=True)(x)
+        plain_changed |= not bits_equal(plain, quotient)
+    # (the rewrite does change a float32 division; bfloat16 and float16 multiply in float32,
+    # which rounds to them as the quotient does here)
+    assert plain_changed or dtype != torch.float32
+
+
+def test_the_rule_refuses_divisors_it_cannot_keep_exact():
+    for divisor in (0, 0.1, 2**24 + 1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="odd part"):
+            _core.divide(torch.ones(2), divisor)
+    assert bits_equal(_core.divide(torch.ones(2, dtype=torch.float64), 0.1), torch.ones(2, dtype=torch.float64) / 0.1)

@@ -10,15 +10,39 @@ by a tensor on the tensor's own device, here, and nowhere else by hand. tests/cu
 reproduces CUDA's rounding on the CPU, so that a form that breaks this fails the suite
 (``make cuda-arithmetic``).
 """
+import math
+
 import torch
 
 
 def divide(t: torch.Tensor, divisor: float) -> torch.Tensor:
-    """``t / divisor`` rounded once (IEEE division in t's floating dtype), the same on every
-    device: the divisor is a 0-dim tensor on t's device, which CUDA divides by rather than
-    multiplying by its rounded reciprocal. No host-device synchronisation (a fill)."""
+    """``t / divisor`` rounded once to t's floating dtype (the default dtype for integer t), the
+    same on every device, eager and under ``torch.compile``. No host-device synchronisation.
+
+    - The divisor is a 0-dim tensor on t's device, which CUDA divides by rather than
+      multiplying by its rounded reciprocal (as it does for a Python number).
+    - A dividend narrower than float64 is divided in float64 and rounded once: the float64
+      quotient rounds to the correctly rounded one (53 >= 2 * 24 + 2 bits), and the divisor is
+      exact in float64 where it might not be in bfloat16. Under ``torch.compile`` Inductor's CUDA
+      code multiplies by a constant divisor's reciprocal instead (and Triton's float32 division
+      is approximate); in float64 that product still rounds to the quotient where the divisor is
+      an integer times a power of two whose odd part is below 2^24: the quotient is then farther
+      from a rounding boundary than the product's error (tests/test_cuda_arithmetic.py checks the
+      divisors in use). Other divisors of such a dividend raise ValueError.
+    - An export writes the division in t's dtype (TensorRT has no float64)."""
     dtype = t.dtype if t.is_floating_point() else torch.get_default_dtype()
-    return t / torch.full((), divisor, dtype=dtype, device=t.device)
+    if dtype == torch.float64 or torch.compiler.is_exporting() or torch.jit.is_tracing():
+        return t / torch.full((), divisor, dtype=dtype, device=t.device)
+    _check_divisor(divisor)
+    wide = t.to(dtype).to(torch.float64)
+    return (wide / torch.full((), divisor, dtype=torch.float64, device=t.device)).to(dtype)
+
+
+def _check_divisor(divisor: float) -> None:
+    numerator = abs(float(divisor)).as_integer_ratio()[0] if math.isfinite(divisor) else 0  # (over a power of two)
+    if numerator == 0 or numerator >> ((numerator & -numerator).bit_length() - 1) >= 2**24:
+        raise ValueError(f"fakequant: divide takes a nonzero integer times a power of two whose odd part is "
+                         f"below 2^24 (the quotient exact under torch.compile on every device), got {divisor!r}")
 
 
 def zero_keeping_sign(t: torch.Tensor) -> torch.Tensor:

@@ -16,16 +16,24 @@ The two compiled paths (``set_compiled_path``):
 
 - ``"opaque"`` (the default): the C++ operators as in eager mode (one pass each, a
   one-bit packed mask), called from the compiled graph.
-- ``"composite"``: the rules above; the backward keeps the bool mask (8 bits per
-  element), which Inductor computes in the forward's fused loop, unless the
-  partitioner recomputes it from what it saves anyway.
+- ``"composite"``: the rules above, for CPU tensors; the backward keeps the bool mask (8
+  bits per element), which Inductor computes in the forward's fused loop, unless the
+  partitioner recomputes it from what it saves anyway. Tensors on other devices keep the
+  operators (``EXACT_DEVICE_TYPES``): Inductor's CUDA kernels do not compute the rules'
+  arithmetic as eager PyTorch does. Triton divides float32 with ``div.full.f32`` (an
+  approximation, within 2 ulp) where eager CUDA divides exactly; Inductor multiplies by the
+  reciprocal where the divisor is a constant; and it contracts a product and a sum into one
+  fused multiply-add (``x * (1 / d) + 8.5`` in GGML's Q4_0 rule), each a different value
+  at some inputs (docs/compile-distributed.md).
 
 ``benchmarks/bench_compiled_qat.py`` measures both (docs/performance.md): on the
 2-core CPU the opaque operators were faster in both models measured (ResNet-18
 1.12x the compiled float step against 1.18x, a small Llama 1.06x against 1.11x),
-so they are the default; the composites are the route to Triton kernels on CUDA,
-not yet measured on a GPU.
+so they are the default. On CUDA the composites would be the route to Inductor's fused
+Triton kernels, once their arithmetic there is exact (above).
 """
+import warnings
+
 import torch
 
 from . import rules
@@ -37,16 +45,27 @@ __all__ = ["set_compiled_path", "compiled_path", "active", "apply"]
 PATHS = ("composite", "opaque")
 _path = "opaque"
 
+#: The device types whose compiled code computes the rules as eager does, bit for bit
+#: (tests/test_compiled.py): Inductor's C++ for the CPU. Elsewhere the composite path
+#: keeps the operators.
+EXACT_DEVICE_TYPES = ("cpu",)
+
 
 def set_compiled_path(path: str) -> None:
     """What fakequant's operators become under ``torch.compile``: ``"opaque"`` (the
     C++ operators, as eager; the default) or ``"composite"`` (plain-PyTorch rules that
-    Inductor fuses with their neighbours, with the eager numerics bit for bit). Read
-    while Dynamo traces: functions compiled before the change recompile on their next
-    call (a guard on the setting)."""
+    Inductor fuses with their neighbours, with the eager numerics bit for bit), which
+    applies to CPU tensors: on other devices the operators stay (``EXACT_DEVICE_TYPES``;
+    a UserWarning says so where CUDA is available). Read while Dynamo traces: functions
+    compiled before the change recompile on their next call (a guard on the setting)."""
     global _path
     if path not in PATHS:
         raise ValueError(f"fakequant: path must be one of {PATHS}, got {path!r}")
+    if path == "composite" and torch.cuda.is_available():
+        warnings.warn("fakequant: the composite path applies to CPU tensors; CUDA tensors keep the C++ operators "
+                      "under torch.compile, because Inductor's CUDA kernels would compute the rules' divisions "
+                      "and multiply-adds with other roundings than eager (docs/compile-distributed.md)",
+                      UserWarning, stacklevel=2)
     _path = path
 
 
@@ -55,11 +74,12 @@ def compiled_path() -> str:
     return _path
 
 
-def active() -> bool:
-    """Whether an op called now should run as its composite: Dynamo is tracing for
-    torch.compile (not torch.export, not an ONNX export) and the path is "composite"."""
-    return (_path == "composite" and torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-            and not onnx_export_enabled())
+def active(x: torch.Tensor) -> bool:
+    """Whether an op called now on ``x`` should run as its composite: Dynamo is tracing for
+    torch.compile (not torch.export, not an ONNX export), the path is "composite" and x is
+    on a device of ``EXACT_DEVICE_TYPES``."""
+    return (_path == "composite" and x.device.type in EXACT_DEVICE_TYPES and torch.compiler.is_compiling()
+            and not torch.compiler.is_exporting() and not onnx_export_enabled())
 
 
 def _assert(ok, message):
@@ -74,26 +94,26 @@ def _check_amax(name, amax):
 
 
 class _MaskedRule(torch.autograd.Function):
-    """y, mask = rule(x, *args); the gradient of x is grad where mask, else 0 (none for
-    the other arguments)."""
+    """y, mask = rule(x); the gradient of x is grad where mask, else 0."""
 
     @staticmethod
-    def forward(ctx, rule, x, *args):
-        y, mask = rule(x, *args)
+    def forward(ctx, x, rule):
+        y, mask = rule(x)
         ctx.save_for_backward(mask)
-        ctx.num_args = len(args)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         (mask,) = ctx.saved_tensors
-        g = torch.where(mask, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
-        return (None, g) + (None,) * ctx.num_args
+        return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)), None
 
 
 def apply(rule, x, *args):
-    """The output of ``rule(x, *args)[0]``, differentiable in x as the C++ operators are."""
-    return _MaskedRule.apply(rule, x, *args)
+    """The output of ``rule(x, *args)[0]``, differentiable in x as the C++ operators are.
+    (The rule and its arguments reach the autograd function as one callable: passed one by
+    one, Dynamo bound them to the wrong parameters where x does not require grad and no
+    argument is a tensor, GGML's (x, block_size, num_bits), in torch 2.13.)"""
+    return _MaskedRule.apply(x, lambda t: rule(t, *args))
 
 
 def fake_quantize_amax(x, amax, num_bits, unsigned, narrow_range, check_values):

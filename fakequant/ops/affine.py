@@ -90,7 +90,7 @@ def _affine(
                                  pack_mask)
     if lowered is not None:  # (a plain torch.onnx.export: the ONNX nodes)
         return lowered
-    if pack_mask and compiled.active():  # the callers with pack_mask=True take the output only
+    if pack_mask and compiled.active(input):  # the callers with pack_mask=True take the output only
         _check_meta(input, scale=scale, zero_point=zero_point)
         return compiled.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max), None
     return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask)

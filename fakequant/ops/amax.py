@@ -132,7 +132,7 @@ def fake_quantize_amax(
         if return_mask:
             raise ValueError("fakequant: return_mask=True has no mask to return with pass_through=True")
         return _FakeQuantizeAmaxPassThrough.apply(input, amax, num_bits, unsigned, narrow_range, check_values)
-    if not return_mask and compiled.active():
+    if not return_mask and compiled.active(input):
         _check_meta(input, amax=amax)
         return compiled.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
     return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values), return_mask)

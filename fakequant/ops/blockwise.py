@@ -149,7 +149,7 @@ def fake_quantize_blockwise(
                                      exponent_bits, scale_amax, check_values, e8m0_scale, centered)
         if lowered is not None:
             return lowered[0]
-        if compiled.active():
+        if compiled.active(x):
             _check_meta(x, **({} if scale_amax is None else {"scale_amax": scale_amax}))
             _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
             return compiled.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,

@@ -87,7 +87,7 @@ def fake_quantize_fp8(
     lowered = lower_symbolically("fake_quantize_fp8", input, amax, exponent_bits, mantissa_bits, check_values)
     if lowered is not None:
         return _first(lowered, return_mask)
-    if not return_mask and compiled.active():
+    if not return_mask and compiled.active(input):
         _check_meta(input, amax=amax)
         return compiled.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values)
     return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values), return_mask)

@@ -68,7 +68,7 @@ def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int 
     def rule(x: torch.Tensor) -> torch.Tensor:
         # The composite under torch.compile's "composite" path, and for floating dtypes the
         # operator does not take (float8: the rule computes in float32 all the same).
-        if compiled.active() or x.dtype not in _FLOAT_DTYPES:
+        if compiled.active(x) or x.dtype not in _FLOAT_DTYPES:
             return compiled.apply(rules.fake_quantize_ggml, x, block_size, num_bits)
         return _ops.fake_quantize_ggml(x, block_size, num_bits)[0]
 

@@ -67,7 +67,7 @@ def fake_quantize_min_max(
     lowered = lower_symbolically("fake_quantize_min_max", input, min_range, max_range, num_bits)
     if lowered is not None:
         return _first(lowered, return_mask)
-    if not return_mask and compiled.active():
+    if not return_mask and compiled.active(input):
         _check_meta(input, min_range=min_range, max_range=max_range)
         return compiled.fake_quantize_min_max(input, min_range, max_range, num_bits)
     return _first(_ops.fake_quantize_min_max(input, min_range, max_range, num_bits), return_mask)
