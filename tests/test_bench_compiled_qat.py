@@ -55,6 +55,23 @@ def test_the_cuda_defaults_are_the_targets_configurations(bench):
     assert set(bench.CUDA_CONFIGS) <= set(bench.CONFIGS) and bench.CUDA_STEPS > 1
 
 
+def test_cuda_graph_configurations_compare_with_float_under_cuda_graphs(bench, monkeypatch):
+    # --cudagraphs (CUDA only): each configuration against the float step of its own mode, and
+    # Inductor asked for CUDA graphs for those two alone
+    assert bench._mode("fakequant compiled (CUDA graphs)") == "float compiled (CUDA graphs)"
+    assert bench._mode("fakequant compiled") == "float compiled"
+    assert bench._mode("fakequant eager") == "float eager"
+    assert not set(bench.CUDA_GRAPH_CONFIGS) & set(bench.configs_for("resnet"))  # (the CPU)
+    monkeypatch.setattr(bench, "DEVICE", bench.torch.device("cuda"))
+    assert set(bench.CUDA_GRAPH_CONFIGS) <= set(bench.configs_for("resnet")) & set(bench.configs_for("moe"))
+    seen = []
+    import torch._inductor.compile_fx as compile_fx
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, inputs, config_patches=None: seen.append(config_patches))
+    for name in ("float compiled", "fakequant compiled (CUDA graphs)"):
+        bench._backend(name)(None, [])
+    assert seen == [None, {"triton.cudagraphs": True}]
+
+
 def test_graph_breaks_are_counted_while_compiling(bench):
     import torch
 
@@ -109,3 +126,36 @@ def test_the_compiled_configurations_of_a_model_are_built_together_or_not_at_all
     rows = {r["config"]: r for r in bench.measure("resnet", configs, rounds=1, deadline=time.monotonic() + 40,
                                                    compile_s=[30.0], compile_deadline=time.monotonic() + 100)}
     assert all("step_ms" in r for r in rows.values()) and rows["float compiled"]["graph_breaks"] == 0
+
+
+def test_a_configuration_that_fails_in_a_timed_round_is_reported_and_the_others_stand(bench, monkeypatch):
+    import time
+
+    class Built:
+        def __init__(self, model, name):
+            self.compiled, self.name, self.steps = bench.CONFIGS[name][1], name, 0
+
+        def step(self):
+            self.steps += 1
+            if self.name == "fakequant compiled" and self.steps == 3:  # (the builds' two steps pass)
+                raise RuntimeError("recording failed\nmore")
+
+    monkeypatch.setattr(bench, "Run", Built)
+    monkeypatch.setattr(bench, "peak_step_mb", lambda run: 1.0)
+
+    def saved_mb(run):
+        if run.name == "float compiled":
+            raise RuntimeError("no hooks under CUDA graphs")
+        return 1.0
+
+    monkeypatch.setattr(bench, "saved_mb", saved_mb)
+    configs = ["float eager", "float compiled", "fakequant eager", "fakequant compiled"]
+    result = bench.measure("resnet", configs, rounds=2, deadline=time.monotonic() + 60)
+    rows = {r["config"]: r for r in result}
+    assert rows["fakequant compiled"]["error"] == "RuntimeError in round 1: recording failed"
+    assert "step_ms" not in rows["fakequant compiled"]
+    assert rows["float compiled"]["step_ms"] >= 0 and rows["float compiled"]["saved_mb"] is None
+    assert rows["fakequant eager"]["rounds"] == 2 and rows["fakequant eager"]["saved_mb"] == 1.0
+    table = bench.format_tables({"models": {"resnet": result}})
+    assert "| fakequant compiled | did not run: RuntimeError in round 1: recording failed |" in table
+    assert "Memory and saved bytes not measured: float compiled (RuntimeError: no hooks under CUDA graphs)" in table

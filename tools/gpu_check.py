@@ -405,12 +405,13 @@ def plan(out):
         # checked bit for bit against the library's kernel (exit 2 where one differs); about 40 s
         ("run", dict(name="benchmarks/loop_shapes.py (loop shapes, prefetch)", correctness=True, cap=LOOP_SHAPES_CAP,
                      log_name="loop_shapes.md", args=["benchmarks/loop_shapes.py", "--log2", "28", "--rounds", "15"])),
-        # float and fakequant, eager and compiled, of the three models, each model's table printed as it
-        # completes; what is left of the run, up to four minutes, compiles included (issue 36, item 3)
+        # float and fakequant, eager, compiled and compiled under CUDA graphs (which take the host's time
+        # per launch out of a step), of the three models, each model's table printed as it completes;
+        # what is left of the run, up to four minutes, compiles included (issue 36, item 3)
         ("run", dict(name="benchmarks/bench_compiled_qat.py (resnet, llama, moe)", correctness=False,
                      cap=COMPILED_CAP, min_seconds=60, log_name="compiled_qat.md", budget=COMPILED_BUDGET, args=[
                          "benchmarks/bench_compiled_qat.py", "--device", "cuda", "--models", "resnet,llama,moe",
-                         "--no-progress", "--json", os.path.join(out, "compiled_qat.json")])),
+                         "--cudagraphs", "--no-progress", "--json", os.path.join(out, "compiled_qat.json")])),
     ]
 
 
