@@ -313,3 +313,19 @@ def test_composites_on_cpu_tensors_only(name):
     operators = [{t for t in g if t.startswith("fakequant.")} for g in graphs]
     assert operators[0] == set(), operators[0]  # the rule in plain PyTorch
     assert len(operators[1]) == 1, graphs[1]  # the operator itself
+
+
+def test_the_composite_path_says_where_cuda_is_available_that_it_leaves_cuda_tensors_alone(monkeypatch):
+    previous = fakequant.compiled_path()
+    try:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        with pytest.warns(UserWarning, match="composite path applies to CPU tensors"):
+            fakequant.set_compiled_path("composite")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fakequant.set_compiled_path("composite")
+            fakequant.set_compiled_path("opaque")
+    finally:
+        fakequant.set_compiled_path(previous)
