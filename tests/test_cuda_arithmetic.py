@@ -87,14 +87,12 @@ def test_the_rule_gives_one_value(divisor):
 
 def inductor_cuda_division(gm, example_inputs):
     """What Inductor's CUDA code makes of an FX graph's divisions by a constant (its lowering
-    of ``div``, torch/_inductor/lowering.py ``div_prim``): the product by the divisor's
+    of ``div``, ``torch._inductor.lowering.div_prim``): the product by the divisor's
     reciprocal rounded to the dividend's dtype. The graph's other operations run as eager."""
     for node in list(gm.graph.nodes):
         divisor = node.args[1] if node.target is torch.ops.aten.div.Tensor else None
         if isinstance(divisor, torch.fx.Node) and divisor.target is torch.ops.aten.full.default:
-            constant = divisor.args[1]
-            with gm.graph.inserting_before(node):
-                node.target, node.args = torch.ops.aten.mul.Tensor, (node.args[0], 1.0 / constant)
+            node.target, node.args = torch.ops.aten.mul.Tensor, (node.args[0], 1.0 / divisor.args[1])
     gm.graph.lint()
     gm.recompile()
     return gm
@@ -102,7 +100,7 @@ def inductor_cuda_division(gm, example_inputs):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_rule_is_exact_where_inductor_multiplies_by_the_reciprocal(dtype):
-    """_core.divide divides a narrower dividend in float64, rounded once to its dtype: compiled,
+    """Compiled, _core.divide divides a narrower dividend in float64, rounded once to its dtype:
     where Inductor's CUDA code multiplies by the rounded reciprocal instead, the result is still the
     quotient, for every divisor the library passes; the same rewrite of a float32 division
     (what divide computed before) gives other values."""

@@ -21,24 +21,30 @@ def divide(t: torch.Tensor, divisor: float) -> torch.Tensor:
 
     - The divisor is a 0-dim tensor on t's device, which CUDA divides by rather than
       multiplying by its rounded reciprocal (as it does for a Python number).
-    - A dividend narrower than float64 is divided in float64 and rounded once: the float64
-      quotient rounds to the correctly rounded one (53 >= 2 * 24 + 2 bits), and the divisor is
-      exact in float64 where it might not be in bfloat16. Under ``torch.compile`` Inductor's CUDA
-      code multiplies by a constant divisor's reciprocal instead (and Triton's float32 division
-      is approximate); in float64 that product still rounds to the quotient where the divisor is
-      an integer times a power of two whose odd part is below 2^24: the quotient is then farther
-      from a rounding boundary than the product's error (tests/test_cuda_arithmetic.py checks the
-      divisors in use). Other divisors of such a dividend raise ValueError.
+    - Under ``torch.compile`` Inductor's CUDA code multiplies by a constant divisor's reciprocal
+      all the same (its ``div`` lowering; and Triton's float32 division is approximate), so
+      there a dividend narrower than float64 is divided in float64 and rounded once: the
+      float64 quotient rounds to the correctly rounded one (53 >= 2 * 24 + 2 bits), and so does
+      the float64 product by the reciprocal where the divisor is an integer times a power of
+      two whose odd part is below 2^24 (the quotient is then farther from a rounding boundary
+      than the product's error; tests/test_cuda_arithmetic.py checks the divisors in use).
+      Eager, float32 divides in float32 (the same value, and no conversions to launch);
+      float16 and bfloat16 in float64 as well, where the divisor may not be exact in them.
+    - Other divisors of a dividend narrower than float64 raise ValueError.
     - An export writes the division in t's dtype (TensorRT has no float64)."""
     dtype = t.dtype if t.is_floating_point() else torch.get_default_dtype()
     if dtype == torch.float64 or torch.compiler.is_exporting() or torch.jit.is_tracing():
         return t / torch.full((), divisor, dtype=dtype, device=t.device)
     _check_divisor(divisor)
+    if dtype == torch.float32 and not torch.compiler.is_compiling():
+        return t.to(dtype) / torch.full((), divisor, dtype=dtype, device=t.device)
     wide = t.to(dtype).to(torch.float64)
     return (wide / torch.full((), divisor, dtype=torch.float64, device=t.device)).to(dtype)
 
 
 def _check_divisor(divisor: float) -> None:
+    if type(divisor) in (int, float) and 0 < abs(divisor) < 2**24 and float(divisor).is_integer():
+        return  # (the usual divisors: integers below 2^24)
     numerator = abs(float(divisor)).as_integer_ratio()[0] if math.isfinite(divisor) else 0  # (over a power of two)
     if numerator == 0 or numerator >> ((numerator & -numerator).bit_length() - 1) >= 2**24:
         raise ValueError(f"fakequant: divide takes a nonzero integer times a power of two whose odd part is "
