@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// quantize_innermost_kernel with kTrip vectors a thread a trip (the library's: 2).
+// quantize_innermost_kernel with kTrip vectors a thread a trip (the library's: kInnermostTrip, 4 in
+// float32, 2 in bfloat16).
 template <typename T, int kTrip>
 __global__ void __launch_bounds__(kThreads)
     innermost_trip(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask, int64_t n,
@@ -292,7 +293,8 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
   inner_variant("launch bounds 4", innermost_bounded<T, 4>);
   inner_variant("launch bounds 6", innermost_bounded<T, 6>);
   inner_variant("each vector loaded in turn", innermost_in_turn<T>);
-  inner_variant("4 vectors a trip loaded first", innermost_trip<T, 4>);
+  constexpr int other_trip = kInnermostTrip<T> == 4 ? 2 : 4;
+  inner_variant(std::to_string(other_trip) + " vectors a trip loaded first", innermost_trip<T, other_trip>);
 
   // per token (int8, a float32 scale a row, not centered), as blockwise.cuh launches it: rows of
   // 4096 on a thread block (float32's 4096; bfloat16 takes a warp there), rows of whole warp

@@ -114,7 +114,7 @@ def _quantize_kernels() -> List[Kernel]:
         out.append(Kernel(f"per-channel affine, last axis, {dname}",
                           [(rf"quantize_innermost_kernel<{re.escape(ctype)}, \(fakequant::Format\)0, "
                             rf"\(fakequant::Output\)0, \(fakequant::Window\)0, \(fakequant::MaskOut\)0>",
-                            2 * 16 // size)], 2 * size))
+                            (QUANTIZE_TRIP if size >= 4 else 2) * 16 // size)], 2 * size))  # kInnermostTrip
     return out
 
 

@@ -675,12 +675,19 @@ __global__ void __launch_bounds__(kThreads)
 // output aligned for vectors. The grid's `threads` (a multiple of channels / V and of the warp:
 // innermost_threads, quantize.cuh) walk the vectors tid, tid + threads, ...: a thread's vectors
 // hold the same V channels, whose constants it loads once, before its loop, so that the loop
-// is the per-tensor one with an entry an element. Two vectors a trip (kTrip: the per-tensor
-// kernel takes four; benchmarks/cuda_loop_shapes.cu times four here too, beside the V channels'
-// constants the thread holds); a vector with an element outside the fast division's range, or a
+// is the per-tensor one with an entry an element. kInnermostTrip vectors a trip, loaded first; a
+// vector with an element outside the fast division's range, or a
 // channel whose scale is, goes out of line (quantize_vector_table). The channels' test is made
 // once, before the loop, and picks one of two loops (kFastChannels), so that the loop tests the
 // elements alone.
+// The vectors of a trip: four for 4- and 8-byte dtypes, as the per-tensor kernel (on an H200 two
+// loaded first took 1.33 of a copy's time in float32, the per-tensor kernel's four 1.09; four hold
+// 104-122 registers, two thread blocks an SM as two did); two for 2-byte ones, whose V = 8 channels'
+// constants a thread holds (four took 126-152 registers, one block an SM or spills, in sm_90's
+// build). benchmarks/cuda_loop_shapes.cu times the other trip beside each.
+template <typename scalar_t>
+constexpr int kInnermostTrip = sizeof(scalar_t) >= 4 ? kQuantizeTrip : 2;
+
 template <int V, Format F, Output O, Window W, MaskOut M, bool kFastChannels, typename scalar_t>
 __device__ __forceinline__ void quantize_lane_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                         uint8_t* __restrict__ mask, int64_t e0, int64_t n,
@@ -720,9 +727,9 @@ __device__ __forceinline__ void quantize_innermost_loop(const scalar_t* __restri
   }
 }
 
-// The kernel's body, two vectors a trip (benchmarks/cuda_loop_shapes.cu compiles it with other
-// trips and under other launch bounds too).
-template <typename scalar_t, Format F, Output O, Window W, MaskOut M, int kTrip = 2>
+// The kernel's body, kInnermostTrip vectors a trip (benchmarks/cuda_loop_shapes.cu compiles it
+// with the other trip and under other launch bounds too).
+template <typename scalar_t, Format F, Output O, Window W, MaskOut M, int kTrip = kInnermostTrip<scalar_t>>
 __device__ __forceinline__ void quantize_innermost(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                    uint8_t* __restrict__ mask, int64_t n, int64_t threads,
                                                    const TableParams<float>& params) {

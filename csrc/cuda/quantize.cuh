@@ -16,7 +16,8 @@ namespace {
 // Threads of quantize_innermost_kernel (kernels.cuh) for the table's layout: the channels
 // innermost with consecutive entries and nothing else stepping through them, a multiple of V;
 // 0 where that is not the layout, or where channels / V threads would be more than the grid.
-template <int V>
+// One trip of kTrip vectors a thread where the tensor is small, grid_for's grid above.
+template <int V, int kTrip>
 int64_t innermost_threads(const ParamLayout& layout, int64_t n, int device) {
   const auto nd = layout.sizes.size();
   if (layout.param_strides[nd - 1] != 1 || layout.sizes[nd - 1] % V != 0) return 0;
@@ -26,7 +27,8 @@ int64_t innermost_threads(const ParamLayout& layout, int64_t n, int device) {
   const int64_t period = std::lcm(layout.sizes[nd - 1] / V, int64_t{kWarpSize});
   const int64_t most = int64_t{grid_for(std::numeric_limits<int64_t>::max() / 2, device)} * kThreads;
   if (period > most) return 0;
-  const int64_t wanted = (n / V + 2 * period - 1) / (2 * period);  // two vectors a thread
+  const int64_t trip = int64_t{kTrip} * period;  // a trip of each thread's vectors
+  const int64_t wanted = (n / V + trip - 1) / trip;
   return period * std::max<int64_t>(1, std::min(most / period, wanted));
 }
 
@@ -72,7 +74,8 @@ void launch_quantize(const QuantizeJob& job, const Params& params) {
   auto* mp = M == MaskOut::kNone ? nullptr : static_cast<uint8_t*>(job.mask.mutable_data_ptr());
   const bool vectorised = vector_aligned<V, M>(xp, yp, mp);
   if constexpr (std::is_same_v<Params, TableParams<float>>) {
-    const int64_t threads = vectorised ? innermost_threads<V>(job.layout, n, job.x.get_device()) : 0;
+    const int64_t threads =
+        vectorised ? innermost_threads<V, kInnermostTrip<scalar_t>>(job.layout, n, job.x.get_device()) : 0;
     if (threads > 0) {
       const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
       launch_kernel(&quantize_innermost_kernel<scalar_t, F, O, W, M>, blocks, at::cuda::getCurrentCUDAStream(), xp,
