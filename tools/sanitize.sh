@@ -34,7 +34,10 @@ cp "$OUT"/lib/fakequant/_C*.so "$OUT"/lib/fakequant/_build*.so "$OUT/pkg/fakequa
 
 ASAN_LIB=$("$CC" -print-file-name=libasan.so)
 UBSAN_LIB=$("$CC" -print-file-name=libubsan.so)
-ldd "$OUT"/pkg/fakequant/_C*.so | grep -q libasan || { echo "the build is not sanitized"; exit 1; }
+# (ldd's whole output first: `ldd | grep -q` fails under pipefail whenever grep exits
+# at its first match while ldd is still writing, and ldd dies of SIGPIPE)
+DEPS=$(ldd "$OUT"/pkg/fakequant/_C*.so)
+grep -q libasan <<<"$DEPS" || { echo "the build is not sanitized:"; echo "$DEPS"; exit 1; }
 
 # The canary: a library with a heap overflow and an overlong shift, loaded the same
 # way; if this environment did not abort on them, a clean run would prove nothing.
