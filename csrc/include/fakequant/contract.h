@@ -487,20 +487,18 @@ C10_HOST_DEVICE inline float round_to_small_float(float v) {
 // that an exact -0 becomes +0, which is (q + 0) * s. The one place q's zero sign could show
 // is the integer output q + zp, where zp is an integer, +0 when zero: -0 + zp == +0 + zp.
 // With xs and s NaN, both give NaN and mask 0. tests/divisor_check.cpp compares both spellings.
-template <typename C>
-struct IntegerCode {
-  C q;
-  bool inside;
-};
-
-template <bool kFinite, typename C>
-C10_HOST_DEVICE inline IntegerCode<C> integer_code(C xs, C lo, C hi) {
+// (q returned, the mask bit through `inside`, not both in a struct: GCC does not vectorize the
+// CPU loops over a {float, bool} result, whose halves it packs into one 64-bit register.)
+template <bool kFinite, typename C, typename M>
+C10_HOST_DEVICE inline C integer_code(C xs, C lo, C hi, M& inside) {
   const C r = round_half_even(xs);
   if constexpr (kFinite && std::is_same_v<C, float>) {
     const C q = min_value(max_value(r, lo), hi);
-    return {q, q == r};
+    inside = static_cast<M>(q == r);
+    return q;
   } else {
-    return {clamp_nan(r, lo, hi), static_cast<bool>((r >= lo) & (r <= hi))};
+    inside = static_cast<M>((r >= lo) & (r <= hi));
+    return clamp_nan(r, lo, hi);
   }
 }
 
@@ -529,9 +527,10 @@ C10_HOST_DEVICE inline C quantize_value_of_quotient(C xv, C xs, C s, C lo, C hi,
     // a zero keeps its sign (see the top of this file).
     return mul_rn(static_cast<C>(round_to_small_float<F>(to_float_rn(c))), s);
   } else {
-    const IntegerCode<C> code = integer_code<kFinite>(xs, lo, hi);
-    m = W == Window::kQuantRange ? static_cast<M>(code.inside) : static_cast<M>(in_window<W>(xv, wlo, whi));
-    return O == Output::kFake ? dequantize_code<kFinite>(code.q, s) : add_rn(code.q, zp);
+    M inside;
+    const C q = integer_code<kFinite>(xs, lo, hi, inside);
+    m = W == Window::kQuantRange ? inside : static_cast<M>(in_window<W>(xv, wlo, whi));
+    return O == Output::kFake ? dequantize_code<kFinite>(q, s) : add_rn(q, zp);
   }
 }
 
@@ -734,9 +733,7 @@ template <Format F, bool kFinite = false, bool kInside = false, typename C, type
 C10_HOST_DEVICE inline C blockwise_value_of_quotient(C xs, C s, const BlockRule<C>& rule, M& m) {
   if constexpr (F == Format::kInt) {
     static_assert(!kInside, "integer blocks have no saturation limit");
-    const IntegerCode<C> code = integer_code<kFinite>(xs, rule.quant_min, rule.quant_max);
-    m = static_cast<M>(code.inside);
-    return dequantize_code<kFinite>(code.q, s);
+    return dequantize_code<kFinite>(integer_code<kFinite>(xs, rule.quant_min, rule.quant_max, m), s);
   } else if constexpr (kInside) {
     m = static_cast<M>(1);
     return mul_rn(static_cast<C>(round_to_small_float<F, true>(to_float_rn(xs))), s);
