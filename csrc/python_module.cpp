@@ -1,12 +1,13 @@
-// The Python module fakequant._C. Loading it runs the TORCH_LIBRARY blocks
-// (the operators reach Python through torch.ops.fakequant, never through this
-// module); the module itself carries the numeric constants and range rules of
-// the C++ library, so that Python reads them instead of writing them again.
+// The Python module fakequant._C. Loading it runs the TORCH_LIBRARY blocks (the
+// operators reach Python through torch.ops.fakequant); the module carries the numeric
+// constants and range rules of the C++ library, so that Python reads them instead of
+// writing them again, and a function per operator for eager calls (python_calls.cpp).
 #include <Python.h>
 
 #include <cstdint>
 
 #include "fakequant/contract.h"
+#include "python_calls.h"
 
 namespace {
 
@@ -104,7 +105,7 @@ bool add_constants(PyObject* m) {
 
 extern "C" PyObject* PyInit__C(void) {
   PyObject* m = PyModule_Create(&module_def);
-  if (m != nullptr && !add_constants(m)) {
+  if (m != nullptr && !(add_constants(m) && fakequant::add_operator_calls(m))) {
     Py_DECREF(m);
     return nullptr;
   }

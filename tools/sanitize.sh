@@ -69,7 +69,7 @@ import fakequant, fakequant._C as c
 assert c.__file__.startswith('$OUT/pkg/'), c.__file__
 print('sanitized library:', c.__file__)
 "
-TESTS="tests/test_ops.py tests/test_errors.py tests/test_op_registration.py tests/test_fuzz.py tests/test_threads.py
+TESTS="tests/test_ops.py tests/test_errors.py tests/test_op_registration.py tests/test_eager_calls.py tests/test_fuzz.py tests/test_threads.py
        tests/test_compile_export.py tests/test_quantizer.py tests/test_fp8.py tests/test_blockwise.py tests/test_lsq.py"
 # (the 2^31-element test needs 9 GiB and minutes under ASan: left to `make test`)
 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \

@@ -97,4 +97,20 @@ std::tuple<at::Tensor, at::Tensor> fused_moving_avg_obs_fake_quant(
     double averaging_const, int64_t quant_min, int64_t quant_max, int64_t ch_axis,
     bool per_row_fake_quant, bool symmetric_quant);
 
+// Every operator, by its name in csrc/fakequant.cpp, which is also its host function's:
+// registration.cpp registers the host functions, csrc/python_calls.cpp binds each operator
+// for eager Python calls.
+#define FAKEQUANT_OPERATORS(X)           \
+  X(fake_quantize_affine)                \
+  X(fake_quantize_min_max)               \
+  X(fake_quantize_amax)                  \
+  X(quantize_amax)                       \
+  X(fake_quantize_fp8)                   \
+  X(fake_quantize_blockwise)             \
+  X(fake_quantize_ggml)                  \
+  X(fake_quantize_lsq)                   \
+  X(fake_quantize_lsq_backward)          \
+  X(mask_backward)                       \
+  X(fused_moving_avg_obs_fake_quant)
+
 }  // namespace fakequant

@@ -9,17 +9,9 @@ namespace fakequant {
 namespace {
 
 void register_host_functions(torch::Library& m) {
-  m.impl("fake_quantize_affine", &fake_quantize_affine);
-  m.impl("fake_quantize_min_max", &fake_quantize_min_max);
-  m.impl("fake_quantize_amax", &fake_quantize_amax);
-  m.impl("quantize_amax", &quantize_amax);
-  m.impl("fake_quantize_fp8", &fake_quantize_fp8);
-  m.impl("fake_quantize_blockwise", &fake_quantize_blockwise);
-  m.impl("fake_quantize_ggml", &fake_quantize_ggml);
-  m.impl("fake_quantize_lsq", &fake_quantize_lsq);
-  m.impl("fake_quantize_lsq_backward", &fake_quantize_lsq_backward);
-  m.impl("mask_backward", &mask_backward);
-  m.impl("fused_moving_avg_obs_fake_quant", &fused_moving_avg_obs_fake_quant);
+#define FAKEQUANT_REGISTER(op) m.impl(#op, &op);
+  FAKEQUANT_OPERATORS(FAKEQUANT_REGISTER)
+#undef FAKEQUANT_REGISTER
 }
 
 }  // namespace

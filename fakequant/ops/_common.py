@@ -9,9 +9,31 @@ from typing import Any, Callable, Dict, Tuple, TypeVar, Union, cast
 
 import torch
 
+from .. import _extension
 from .._core.errors import TypeAndRuntimeError, ValueAndRuntimeError
 
-_ops = torch.ops.fakequant
+
+def _operators() -> Any:
+    """The operators as fakequant.ops calls them: ``_ops.<name>(*args)`` is
+    ``torch.ops.fakequant.<name>.default(*args)``. In eager code it is fakequant._C's function
+    of that name (csrc/python_calls.cpp), which calls the operator through the dispatcher
+    without torch.ops' boxed path where the arguments are plain, and passes anything else to
+    the overload; Dynamo traces the overload in its place (``torch.compiler.substitute_in_graph``),
+    so a compiled graph holds the same operator. Call with every argument, positionally."""
+    calls = {}
+    for name in _extension._C.OPERATORS:
+        eager = getattr(_extension._C, name)
+        overload = getattr(torch.ops.fakequant, name).default
+
+        def traced(*args: Any, _overload: Any = overload) -> Any:
+            return _overload(*args)
+
+        torch.compiler.substitute_in_graph(eager, skip_signature_check=True)(traced)
+        calls[name] = eager
+    return type("_Operators", (), {"__slots__": (), **calls})()
+
+
+_ops = _operators()
 TensorOrNumber = Union[torch.Tensor, float, int]
 
 
