@@ -51,6 +51,11 @@ def _as_tensor(value: TensorOrNumber, like: torch.Tensor, dtype: torch.dtype, na
     return torch.tensor(value, dtype=dtype, device=like.device)
 
 
+# (module-level names: no attribute lookups on every call of _Params)
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
 class _Params:
     """An operator's parameters (scale and zero point, amax, ...) as the tensors it takes:
     tensors as they are, Python numbers made tensors once per (values, device) rather than
@@ -67,13 +72,13 @@ class _Params:
     def __call__(self, like: torch.Tensor, *values: TensorOrNumber) -> Tuple[torch.Tensor, ...]:
         key = None
         # Not when traced, fake or under a dispatch mode: a tensor of that world instead.
-        if type(like) is torch.Tensor and not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack():
+        if type(like) is torch.Tensor and not _is_compiling() and not _dispatch_modes():
             for v in values:
                 if type(v) is not float and type(v) is not int:
                     break
             else:
                 # (0.0 and -0.0 are one key: the rules treat them alike for every parameter)
-                key = values + (like.device,)
+                key = (*values, like.device)
                 cached = self.cache.get(key)
                 if cached is not None:
                     return cached
