@@ -7,7 +7,7 @@
 //
 //   fp8_check sampled COUNT SEED   COUNT random bit patterns, then every third float of the
 //                                  subnormal and saturating ranges of both formats
-//   fp8_check every                every float32 bit pattern
+//   fp8_check every SIGN           every float32 bit pattern whose sign bit is SIGN (0 or 1)
 //
 // Prints "checked N values" and exits 0, or prints the first counterexample and exits 1.
 #include <cuda_fp8.h>
@@ -65,9 +65,10 @@ int main(int argc, char** argv) {
         checked += 2;
       }
     }
-  } else if (std::strcmp(argv[1], "every") == 0 && argc == 2) {
-    for (uint64_t b = 0; b <= 0xffffffffull; ++b) check(float_of(static_cast<uint32_t>(b)));
-    checked = uint64_t{1} << 32;
+  } else if (std::strcmp(argv[1], "every") == 0 && argc == 3) {
+    const uint32_t sign = std::strtoul(argv[2], nullptr, 10) ? 0x80000000u : 0u;
+    for (uint32_t b = 0; b <= 0x7fffffffu; ++b) check(float_of(b | sign));
+    checked = uint64_t{1} << 31;
   } else {
     return 2;
   }

@@ -2,6 +2,7 @@
 built with the host compiler (every operation rounded once, as in the library: setup.py's
 -ffp-contract=off) against csrc/include and torch's headers, and run; each prints
 "checked N ..." and exits 0, or prints its first counterexample and exits 1."""
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -25,9 +26,20 @@ def build(tmp_path_factory, name, include_dirs=()):
     return exe
 
 
-def run(exe, *args):
-    """The count the check printed; fails the test with its output when it found a counterexample."""
-    out = subprocess.run([exe, *map(str, args)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+def _count(exe, args, out):
+    assert out.returncode == 0, f"{os.path.basename(exe)} {' '.join(args)}:\n{out.stdout}{out.stderr}"
     assert out.stdout.startswith("checked "), out.stdout
     return int(out.stdout.split()[1])
+
+
+def run(exe, *args):
+    """The count the check printed; fails the test with its output when it found a counterexample."""
+    args = [*map(str, args)]
+    return _count(exe, args, subprocess.run([exe, *args], capture_output=True, text=True))
+
+
+def run_each(exe, command, *values):
+    """`exe command value` for each value, as many at a time as there are cores (each check
+    runs on one): the sum of their counts."""
+    with concurrent.futures.ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        return sum(pool.map(lambda value: run(exe, command, value), values))

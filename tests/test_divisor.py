@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from native_check import build, run
+from native_check import build, run, run_each
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +21,11 @@ def test_quotient_of_sampled(divisor_check):
     assert run(divisor_check, "sampled", 200000, 20261127) == 258 * (200000 + 1201 * 4 * 8)
 
 
-@pytest.mark.slow  # 2^32 dividends a divisor: about half a minute each
+@pytest.mark.slow  # 2^32 dividends a divisor: about half a minute each (a core each)
 def test_quotient_of_every_dividend(divisor_check):
     # 0.3 (no short binary expansion), an NVFP4 block scale (E4M3's 1.375 * 2^-3 times the
     # per-tensor scale of an amax of 0.731: 0.731 / (6 * 448)) and the largest fast divisor
-    assert run(divisor_check, "every", "0.3", repr(0.171875 * 0.731 / 2688), "0x1p60") == 3 * 2**32
+    assert run_each(divisor_check, "every", "0.3", repr(0.171875 * 0.731 / 2688), "0x1p60") == 3 * 2**32
 
 
 def test_block_scales_by_divisors(divisor_check):
@@ -54,4 +54,4 @@ def test_index_divider_sampled(divisor_check):
 
 @pytest.mark.slow  # 2^31 dividends a divisor: a few seconds each
 def test_index_divider_every_dividend(divisor_check):
-    assert run(divisor_check, "every-integer", 3, 41, 1000003, 2**31 - 1) == 4 * 2**31
+    assert run_each(divisor_check, "every-integer", 3, 41, 1000003, 2**31 - 1) == 4 * 2**31

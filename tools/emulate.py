@@ -355,10 +355,14 @@ def test_env(variant, lib):
     return env
 
 
-def run_tests(variant, lib, pytest_args=()):
+def run_tests(variant, lib, pytest_args=(), jobs=None):
     # (--capture=sys: a sanitizer report, written to fd 2 just before the process
-    # exits, must not go into pytest's capture file)
+    # exits, must not go into pytest's capture file.) The emulator runs a launch on one
+    # thread, so the tests run in MAX_JOBS pytest-xdist workers: a worker stopped by a
+    # sanitizer fails the run ("worker crashed"), its report on the workers' shared stderr.
+    workers = jobs or int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", "--rootdir", ROOT,
+           *(["-n", str(workers)] if workers > 1 else []),
            os.path.join(ROOT, "tests", "test_cuda_emulated.py"), *pytest_args]
     return subprocess.run(cmd, env=test_env(variant, lib), cwd=ROOT)
 
