@@ -7,6 +7,8 @@
 - llama: a small Llama-style decoder from transformers (4 layers, hidden 256,
   batch 4 x 128 tokens, causal LM loss); the W8A8 preset (int8 weights per
   channel, int8 activations per token, dynamic).
+- host (not in the default set): 40 linear layers of width 32 on 4 rows, quantize_model's
+  default recipe as the ResNet's: a step that is the host's time, the calls a configuration makes.
 - moe: a small Qwen3-MoE decoder (2 layers, hidden 128, 8 experts of 128, 2 per token,
   batch 4 x 64 tokens), the W8A8 preset, fused experts included (fakequant.models.experts).
   Compiled, fakequant's experts run every expert on every token (no data-dependent
@@ -14,7 +16,10 @@
 
 Configurations: float; fakequant eager; fakequant compiled with each compiled path
 (fakequant.set_compiled_path: "opaque", the C++ operators called from the graph, the
-default; "composite", the plain-PyTorch rules Inductor fuses); a plain-PyTorch fake quantization with the
+default; "composite", the plain-PyTorch rules Inductor fuses); fakequant compiled with the operators'
+backward as the default does not take it on the device (fakequant.composite.compiled's
+FUSED_BACKWARD_DEVICE_TYPES): on the CPU fused into Inductor's kernels ("fused backward"), on
+CUDA, for the ResNet, a call of mask_backward ("mask_backward op"); a plain-PyTorch fake quantization with the
 same rule (round with a straight-through estimator, clamp: torchao's way of writing
 it) eager and compiled; torchao's QAT (QATConfig with IntxFakeQuantizeConfig: int8
 per-token activations, asymmetric as torchao supports them, int8 per-channel
@@ -30,7 +35,7 @@ nn.Linear, not convolutions).
 - Saved for backward: the bytes autograd keeps for backward (saved_tensors_hooks;
   under torch.compile, what the compiled graph's partitioner chose to save).
 
-    python benchmarks/bench_compiled_qat.py [--models resnet,llama,moe] [--rounds 7] [--json PATH]
+    python benchmarks/bench_compiled_qat.py [--models resnet,llama,moe,host] [--rounds 7] [--json PATH]
     python benchmarks/bench_compiled_qat.py --device cuda --budget 240
     python benchmarks/bench_compiled_qat.py --device cuda --models resnet --cudagraphs
 
@@ -119,6 +124,22 @@ def _path(path):
         fakequant.set_compiled_path(saved)
 
 
+@contextlib.contextmanager
+def _fused_backward(device_types):
+    """The opaque path with the operators' backward fused into Inductor's kernels on
+    `device_types` (fakequant.composite.compiled.FUSED_BACKWARD_DEVICE_TYPES), elsewhere a call of
+    mask_backward: the choice the default does not make on a device, measured against it."""
+    from fakequant.composite import compiled
+
+    saved = compiled.FUSED_BACKWARD_DEVICE_TYPES
+    compiled.FUSED_BACKWARD_DEVICE_TYPES = device_types
+    try:
+        with _path("opaque"):
+            yield
+    finally:
+        compiled.FUSED_BACKWARD_DEVICE_TYPES = saved
+
+
 # --- models ---------------------------------------------------------------------------
 
 
@@ -151,7 +172,18 @@ def moe_model_and_data(batch=4, tokens=64):
     return Qwen3MoeForCausalLM(config), (ids,), lambda model, d: model(input_ids=d[0], labels=d[0]).loss
 
 
-MODEL_BUILDERS = {"resnet": resnet_model_and_data, "llama": llama_model_and_data, "moe": moe_model_and_data}
+def host_model_and_data(batch=4, width=32, layers=40):
+    """A step that is the host's time: `layers` linear layers of width 32 with ReLU on 4 rows
+    (with fakequant, two quantizers a layer: its input and its weight), so that a configuration's
+    time is what its calls cost the host, as the GPU's steps of the small models are."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())))
+    data = (torch.randn(batch, width),)
+    return model, data, lambda model, d: model(d[0]).square().mean()
+
+
+MODEL_BUILDERS = {"resnet": resnet_model_and_data, "llama": llama_model_and_data, "moe": moe_model_and_data,
+                  "host": host_model_and_data}
 
 
 DEVICE = torch.device("cpu")  # --device
@@ -162,7 +194,7 @@ def build(model_name, quant):
     model, data, loss_fn = MODEL_BUILDERS[model_name]()
     model, data = model.to(DEVICE), tuple(t.to(DEVICE) for t in data)
     if quant == "fakequant":
-        if model_name == "resnet":
+        if model_name in ("resnet", "host"):
             fakequant.quantize_model(model)
             fakequant.calibrate(model, [data[0]], num_batches=1, progress=False)
         else:
@@ -185,6 +217,10 @@ CONFIGS = {
     "fakequant eager": ("fakequant", False, contextlib.nullcontext),
     "fakequant compiled": ("fakequant", True, lambda: _path("opaque")),
     "fakequant compiled (composite)": ("fakequant", True, lambda: _path("composite")),
+    # the operators' backward as the default does not take it on the device: fused into
+    # Inductor's kernels (the default on CUDA), or a call of mask_backward (the default on the CPU)
+    "fakequant compiled (fused backward)": ("fakequant", True, lambda: _fused_backward(("cpu", "cuda"))),
+    "fakequant compiled (mask_backward op)": ("fakequant", True, lambda: _fused_backward(())),
     "plain PyTorch eager": ("fakequant", False, _plain_ops),
     "plain PyTorch compiled": ("fakequant", True, _plain_ops),
     "torchao QAT eager": ("torchao", False, contextlib.nullcontext),
@@ -405,8 +441,12 @@ def configs_for(model_name):
     if model_name == "moe":  # (torchao's QAT converts nn.Linear: the experts would stay float)
         return ["float eager", "float compiled", "fakequant eager", "fakequant compiled",
                 *(CUDA_GRAPH_CONFIGS if DEVICE.type == "cuda" else ())]
-    return [c for c in CONFIGS if not (model_name == "resnet" and c.startswith("torchao"))
-            and (c not in CUDA_GRAPH_CONFIGS or DEVICE.type == "cuda")]
+    return [c for c in CONFIGS if not (model_name in ("resnet", "host") and c.startswith("torchao"))
+            and (c not in CUDA_GRAPH_CONFIGS or DEVICE.type == "cuda")
+            and c != ("fakequant compiled (mask_backward op)" if DEVICE.type == "cpu"
+                      else "fakequant compiled (fused backward)")
+            # (on CUDA the ResNet alone: each compiled configuration is a build within gpu-check's budget)
+            and (c != "fakequant compiled (mask_backward op)" or model_name in ("resnet", "host"))]
 
 
 def run(models, rounds, progress=True, only=None, budget=None, steps=1, on_model=None):
@@ -467,7 +507,8 @@ def format_tables(result):
 # the target's (fakequant compiled against float compiled, eager beside them), so that the three
 # models take a few minutes, compiles included (issue 36, item 3; on an H100 each compiled
 # configuration took 24-31 s to build; --budget bounds the run whatever the compiles take).
-CUDA_CONFIGS = ("float eager", "float compiled", "fakequant eager", "fakequant compiled")
+CUDA_CONFIGS = ("float eager", "float compiled", "fakequant eager", "fakequant compiled",
+                "fakequant compiled (mask_backward op)")
 CUDA_ROUNDS, CUDA_STEPS = 5, 10
 
 
@@ -489,9 +530,9 @@ def main():
     add_output_options(parser, progress=True)
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
-    unknown = sorted(set(models) - set(MODELS))
+    unknown = sorted(set(models) - set(MODEL_BUILDERS))
     if unknown:
-        parser.error(f"unknown models {unknown}; choose from {MODELS}")
+        parser.error(f"unknown models {unknown}; choose from {list(MODEL_BUILDERS)}")
     global DEVICE
     DEVICE = torch.device(args.device)
     cuda = DEVICE.type == "cuda"

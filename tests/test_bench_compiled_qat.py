@@ -2,6 +2,8 @@
 what is measured, left out and named when time runs out (issue 36, item 3). No time is asserted."""
 import pytest
 
+import fakequant
+
 from conftest import benchmark_module
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,28 @@ def test_a_compiled_configuration_is_not_started_where_its_build_would_end_past_
 
 
 def test_the_cuda_defaults_are_the_targets_configurations(bench):
-    assert set(bench.CUDA_CONFIGS) == {"float eager", "float compiled", "fakequant eager", "fakequant compiled"}
+    assert set(bench.CUDA_CONFIGS) == {"float eager", "float compiled", "fakequant eager", "fakequant compiled",
+                                       "fakequant compiled (mask_backward op)"}
     assert set(bench.CUDA_CONFIGS) <= set(bench.CONFIGS) and bench.CUDA_STEPS > 1
+
+
+def test_each_device_measures_the_backward_its_default_does_not_take(bench, monkeypatch):
+    from fakequant.composite import compiled
+
+    assert compiled.FUSED_BACKWARD_DEVICE_TYPES == ("cuda",)
+    for model in ("resnet", "llama"):  # the CPU: the fused backward, measured against the default's call
+        assert "fakequant compiled (fused backward)" in bench.configs_for(model)
+        assert "fakequant compiled (mask_backward op)" not in bench.configs_for(model)
+    monkeypatch.setattr(bench, "DEVICE", bench.torch.device("cuda"))
+    assert "fakequant compiled (mask_backward op)" in bench.configs_for("resnet")
+    for model in ("resnet", "llama", "moe"):
+        assert "fakequant compiled (fused backward)" not in bench.configs_for(model)
+    assert "fakequant compiled (mask_backward op)" not in bench.configs_for("llama")
+    for name, device_types in (("fakequant compiled (fused backward)", ("cpu", "cuda")),
+                               ("fakequant compiled (mask_backward op)", ())):
+        with bench.CONFIGS[name][2]():
+            assert compiled.FUSED_BACKWARD_DEVICE_TYPES == device_types and fakequant.compiled_path() == "opaque"
+        assert compiled.FUSED_BACKWARD_DEVICE_TYPES == ("cuda",)
 
 
 def test_cuda_graph_configurations_compare_with_float_under_cuda_graphs(bench, monkeypatch):

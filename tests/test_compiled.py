@@ -20,10 +20,13 @@ pytestmark = pytest.mark.slow  # minutes of Inductor compilation
 OPS = op_table.compiled_calls()
 
 
-def inputs(dtype, device):
+LAYOUTS = ("contiguous", "channels_last", "transposed")
+
+
+def inputs(dtype, device, layouts=LAYOUTS):
     """One input per layout: 4-D contiguous, channels-last, and a transposed 2-D view, holding
     NaN, +-inf, +-0, ties and values beyond the range (op_table.sample_input)."""
-    return dict(op_table.samples(dtype, device, ("contiguous", "channels_last", "transposed"), special=True))
+    return dict(op_table.samples(dtype, device, layouts, special=True))
 
 
 def run_all(xs):
@@ -34,12 +37,66 @@ def run_all(xs):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_inductor_equals_eager(path, device, dtype):
+    check_inductor_equals_eager(path, device, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_backward_on_the_cpu_equals_eager(dtype, monkeypatch):
+    """The opaque path with the operators' backward fused into Inductor's kernels
+    (FUSED_BACKWARD_DEVICE_TYPES: CUDA's default, which test_inductor_equals_eager runs where a
+    GPU is) on the CPU: every op, layout and dtype bit for bit eager."""
+    monkeypatch.setattr(_composite, "FUSED_BACKWARD_DEVICE_TYPES", ("cpu",))
+    check_inductor_equals_eager("opaque", "cpu", dtype)
+
+
+def _mask_backward_calls(step):
+    with torch.profiler.profile() as prof:
+        step()
+    return sum(e.count for e in prof.key_averages() if e.key == "fakequant::mask_backward")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_fused_backward_calls_no_mask_backward(fused, monkeypatch):
+    monkeypatch.setattr(_composite, "FUSED_BACKWARD_DEVICE_TYPES", ("cpu",) if fused else ())
+    check_mask_backward_calls("cpu", fused)
+
+
+def check_mask_backward_calls(device, fused):
+    """Where the backward is fused, the compiled step calls no mask_backward (its selection is
+    in Inductor's kernels) and saves the packed mask (uint8, a bit an element); where not, a
+    call an operator. The gradients are eager's, bit for bit, either way."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 8, 6, 5, device=device).to(memory_format=torch.channels_last).requires_grad_()
+    w = torch.randn(8, 6, 5, device=device, requires_grad=True)
+
+    def f(x, w):
+        a = fakequant.fake_quantize_amax(x * 1.5, 2.0)  # an activation's quantizer
+        b = fakequant.fake_quantize_blockwise(w, 16, num_bits=4, exponent_bits=2)  # NVFP4 weights
+        return (a * b).sum()
+
+    compiled_f = torch.compile(f, fullgraph=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        loss = compiled_f(x, w)
+    assert any(t.dtype == torch.uint8 and t.numel() == (x.numel() + 7) // 8 for t in saved), \
+        [(t.dtype, t.shape) for t in saved]
+    assert not any(t.dtype == torch.bool and t.numel() in (x.numel(), w.numel()) for t in saved)
+    calls = _mask_backward_calls(lambda: loss.backward())
+    assert calls == 0 if fused else calls >= 2  # (the profiler records an operator at more than one level)
+    gx, gw = x.grad, w.grad
+    x.grad = w.grad = None
+    f(x, w).backward()
+    assert_same(gx, x.grad)
+    assert_same(gw, w.grad)
+
+
+def check_inductor_equals_eager(path, device, dtype, layouts=LAYOUTS):
     torch._dynamo.reset()
     previous = _composite.compiled_path()
     _composite.set_compiled_path(path)
     try:
         compiled = torch.compile(run_all, fullgraph=True, dynamic=False)
-        for layout, x in inputs(dtype, device).items():
+        for layout, x in inputs(dtype, device, layouts).items():
             xe = [x.detach().clone(memory_format=torch.preserve_format).requires_grad_() for _ in OPS]
             xc = [x.detach().clone(memory_format=torch.preserve_format).requires_grad_() for _ in OPS]
             ye, yc = run_all(xe), compiled(xc)

@@ -679,3 +679,18 @@ def test_more_than_2_to_32_elements_per_channel():
     assert_bits_equal(ya[:, -8:], eya)
     bits = fakequant.unpack_mask(mask[-1:], torch.empty(8))  # numel % 8 == 0: the last byte, row 3
     assert bits_equal(bits.cpu(), probe.float().abs() <= 4.0)
+
+
+def test_compiled_backward_is_fused_and_exact():
+    """torch.compile on CUDA takes the operators' backward as plain PyTorch that Inductor fuses
+    into its kernels (fakequant.composite.compiled.FUSED_BACKWARD_DEVICE_TYPES): every op of the
+    op table's compiled calls, outputs and input gradients bit for bit eager's (a channels-last
+    input holding NaN, +-inf, +-0 and ties: one compile, within gpu-check's time for this file),
+    and no mask_backward call in the step (tests/test_compiled.py runs the same on the CPU, every
+    layout and dtype, in `make slow`)."""
+    from fakequant.composite import compiled
+    from test_compiled import check_inductor_equals_eager, check_mask_backward_calls
+
+    assert "cuda" in compiled.FUSED_BACKWARD_DEVICE_TYPES
+    check_inductor_equals_eager("opaque", "cuda", torch.float32, layouts=("channels_last",))
+    check_mask_backward_calls("cuda", fused=True)

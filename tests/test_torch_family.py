@@ -216,8 +216,16 @@ def test_fused_errors_name_the_argument():
         ops.fused_moving_avg_obs_fake_quant(x, torch.ones(2), on, *bufs, 0.01, 0, 255, 0)
 
 
+@pytest.mark.parametrize("fused_backward", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_fused_compiles_fullgraph(device):
+def test_fused_compiles_fullgraph(device, fused_backward, monkeypatch):
+    # with and without the backward in plain PyTorch (fakequant.composite.compiled's
+    # FUSED_BACKWARD_DEVICE_TYPES: CUDA's default)
+    from fakequant.composite import compiled
+
+    monkeypatch.setattr(compiled, "FUSED_BACKWARD_DEVICE_TYPES", (device,) if fused_backward else ())
+    torch._dynamo.reset()
+
     def step(x, on, bufs):
         return ops.fused_moving_avg_obs_fake_quant(x, on, on, *bufs, 0.01, 0, 255, 0).square().sum()
 

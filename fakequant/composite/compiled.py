@@ -15,7 +15,10 @@ compiled with Inductor to eager, bit for bit (outputs, sign of zero) and gradien
 The two compiled paths (``set_compiled_path``):
 
 - ``"opaque"`` (the default): the C++ operators as in eager mode (one pass each, a
-  one-bit packed mask), called from the compiled graph.
+  one-bit packed mask), called from the compiled graph. On CUDA (``FUSED_BACKWARD_DEVICE_TYPES``)
+  their backward, the gradient where the packed mask's bit is set, is plain PyTorch
+  (``masked_grad``), which Inductor fuses into the backward's neighbouring kernels: one
+  launch and one pass fewer an operator, exact (a select).
 - ``"composite"``: the rules above, for CPU tensors; the backward keeps the bool mask (8
   bits per element), which Inductor computes in the forward's fused loop, unless the
   partitioner recomputes it from what it saves anyway. Tensors on other devices keep the
@@ -49,6 +52,17 @@ _path = "opaque"
 #: (tests/test_compiled.py): Inductor's C++ for the CPU. Elsewhere the composite path
 #: keeps the operators.
 EXACT_DEVICE_TYPES = ("cpu",)
+
+
+#: The device types whose compiled graphs take an operator's backward as :func:`masked_grad`
+#: (plain PyTorch that Inductor fuses into the backward's neighbouring kernels) instead of a
+#: call of ``mask_backward``. Exact everywhere (a select); chosen by speed. On CUDA a compiled
+#: step of the models measured is the host's time per launch (docs/performance.md), and each
+#: operator's backward was a call from the graph's wrapper and a kernel of its own. On the
+#: CPU it lost: Inductor's C++ loads the mask's bytes one at a time where mask_backward's loop
+#: is vectorised (the ResNet-18 step 2-4% slower, a small Llama's 5.5%), though it saved the
+#: host a call (docs/compile-distributed.md).
+FUSED_BACKWARD_DEVICE_TYPES = ("cuda",)
 
 
 def set_compiled_path(path: str) -> None:
@@ -106,6 +120,68 @@ class _MaskedRule(torch.autograd.Function):
     def backward(ctx, grad):
         (mask,) = ctx.saved_tensors
         return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)), None
+
+
+def _memory_order(stride) -> list:
+    """The dimensions of a dense tensor with ``stride``, from the largest stride to the
+    smallest: the order in which a packed mask's bits follow its elements. (An insertion
+    sort by comparisons: Dynamo sorts no symbolic keys, and guards on each comparison.)"""
+    order: list = []
+    for d in range(len(stride)):
+        i = len(order)
+        while i > 0 and stride[order[i - 1]] < stride[d]:
+            i -= 1
+        order.insert(i, d)
+    return order
+
+
+def masked_grad(grad: torch.Tensor, mask: torch.Tensor, output_stride) -> torch.Tensor:
+    """``mask_backward(grad, mask, output_stride)`` in plain PyTorch, for Inductor to fuse:
+    ``grad`` where the packed mask's bit is set, else +0. Bit i (bit i % 8 of byte i // 8)
+    belongs to the element at offset i of the forward's output, a dense tensor with
+    ``output_stride``. A select, so exact on every device."""
+    order = _memory_order(output_stride)
+    g = grad.permute(order)  # a view whose row-major order is the output's memory order
+    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
+    bits = ((mask.unsqueeze(-1) >> shifts) & 1).flatten()[:g.numel()].view(g.shape).bool()
+    out = torch.where(bits, g, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    inverse = [0] * len(order)
+    for i, d in enumerate(order):
+        inverse[d] = i
+    return out.permute(inverse)
+
+
+class _PackedMaskOp(torch.autograd.Function):
+    """y = op(x)[0], an operator returning (output, packed mask): the C++ kernel's one pass
+    and one-bit mask in the forward; the gradient of x is :func:`masked_grad` of the mask,
+    which Inductor fuses with the backward's neighbouring loops where the operator's
+    autograd formula would call mask_backward, a pass of its own."""
+
+    @staticmethod
+    def forward(ctx, x, op):
+        y, mask = op(x)
+        ctx.save_for_backward(mask)
+        ctx.output_stride = y.stride()
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return masked_grad(grad, mask, ctx.output_stride), None
+
+
+def fuses_backward(x: torch.Tensor) -> bool:
+    """Whether an operator called now on ``x`` should take :class:`_PackedMaskOp`'s backward:
+    Dynamo is tracing for torch.compile (not torch.export, not an ONNX export), x requires grad
+    and is on a device of ``FUSED_BACKWARD_DEVICE_TYPES``."""
+    return (torch.compiler.is_compiling() and x.requires_grad and x.device.type in FUSED_BACKWARD_DEVICE_TYPES
+            and not torch.compiler.is_exporting() and not onnx_export_enabled())  # (eager: the first test, 0.1 us)
+
+
+def apply_packed(op, x):
+    """``op(x)[0]`` for an operator ``op`` returning (output, packed mask), differentiable in
+    x through :func:`masked_grad` (:class:`_PackedMaskOp`)."""
+    return _PackedMaskOp.apply(x, op)
 
 
 def apply(rule, x, *args):

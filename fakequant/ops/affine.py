@@ -93,6 +93,9 @@ def _affine(
     if pack_mask and compiled.active(input):  # the callers with pack_mask=True take the output only
         _check_meta(input, scale=scale, zero_point=zero_point)
         return compiled.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max), None
+    if pack_mask and compiled.fuses_backward(input):
+        return compiled.apply_packed(
+            lambda t: _ops.fake_quantize_affine(t, scale, zero_point, axis, quant_min, quant_max, True), input), None
     return _ops.fake_quantize_affine(input, scale, zero_point, axis, quant_min, quant_max, pack_mask)
 
 

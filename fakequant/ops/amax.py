@@ -135,6 +135,9 @@ def fake_quantize_amax(
     if not return_mask and compiled.active(input):
         _check_meta(input, amax=amax)
         return compiled.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values)
+    if not return_mask and compiled.fuses_backward(input):
+        return compiled.apply_packed(
+            lambda t: _ops.fake_quantize_amax(t, amax, num_bits, unsigned, narrow_range, check_values), input)
     return _first(_ops.fake_quantize_amax(input, amax, num_bits, unsigned, narrow_range, check_values), return_mask)
 
 

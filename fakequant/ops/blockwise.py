@@ -154,6 +154,10 @@ def fake_quantize_blockwise(
             _check_blockwise_args(block_size, num_bits, unsigned, exponent_bits, scale_amax, e8m0_scale)
             return compiled.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
                                                       scale_amax, check_values, e8m0_scale, centered)
+        if compiled.fuses_backward(x):
+            return compiled.apply_packed(
+                lambda t: _ops.fake_quantize_blockwise(t, block_size, num_bits, unsigned, narrow_range, exponent_bits,
+                                                       scale_amax, check_values, e8m0_scale, centered), x)
         return _ops.fake_quantize_blockwise(x, block_size, num_bits, unsigned, narrow_range, exponent_bits,
                                             scale_amax, check_values, e8m0_scale, centered)[0]
 

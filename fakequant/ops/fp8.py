@@ -90,4 +90,7 @@ def fake_quantize_fp8(
     if not return_mask and compiled.active(input):
         _check_meta(input, amax=amax)
         return compiled.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values)
+    if not return_mask and compiled.fuses_backward(input):
+        return compiled.apply_packed(
+            lambda t: _ops.fake_quantize_fp8(t, amax, exponent_bits, mantissa_bits, check_values), input)
     return _first(_ops.fake_quantize_fp8(input, amax, exponent_bits, mantissa_bits, check_values), return_mask)

@@ -70,6 +70,8 @@ def fake_quantize_ggml(input: torch.Tensor, block_size: int = 32, num_bits: int 
         # operator does not take (float8: the rule computes in float32 all the same).
         if compiled.active(x) or x.dtype not in _FLOAT_DTYPES:
             return compiled.apply(rules.fake_quantize_ggml, x, block_size, num_bits)
+        if compiled.fuses_backward(x):
+            return compiled.apply_packed(lambda t: _ops.fake_quantize_ggml(t, block_size, num_bits), x)
         return _ops.fake_quantize_ggml(x, block_size, num_bits)[0]
 
     return along_last_axis(input, axis, rule)

@@ -70,4 +70,6 @@ def fake_quantize_min_max(
     if not return_mask and compiled.active(input):
         _check_meta(input, min_range=min_range, max_range=max_range)
         return compiled.fake_quantize_min_max(input, min_range, max_range, num_bits)
+    if not return_mask and compiled.fuses_backward(input):
+        return compiled.apply_packed(lambda t: _ops.fake_quantize_min_max(t, min_range, max_range, num_bits), input)
     return _first(_ops.fake_quantize_min_max(input, min_range, max_range, num_bits), return_mask)

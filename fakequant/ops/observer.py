@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from .._core import check_bool, check_float, check_int, check_tensor, exporting, flag_on
+from ..composite import compiled
 from ._common import _check_meta, _new_mask, _ops, _raises_like_torch
 from .affine import _affine, float_zero_point_rule
 from .mask import mask_grad
@@ -38,6 +39,9 @@ class _FusedMovingAvgObsFakeQuant(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (mask,) = ctx.saved_tensors
+        if torch.compiler.is_compiling() and grad.device.type in compiled.FUSED_BACKWARD_DEVICE_TYPES:
+            # (the selection in plain PyTorch, which Inductor fuses: fakequant.composite.compiled)
+            return (compiled.masked_grad(grad, mask, ctx.output_stride),) + (None,) * ctx.num_args
         return (mask_grad(grad, mask, ctx.output_stride),) + (None,) * ctx.num_args
 
 
