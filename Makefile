@@ -196,7 +196,8 @@ cuda-emulate: build
 
 # Evidence that those tests can fail: known mistakes (an off-by-one in a tail
 # loop, a shuffle offset, a missing __syncthreads, a mask word written twice, ...)
-# planted one at a time in copies of the device code; each must be caught.
+# planted one at a time in copies of the device code; each must be caught (MAX_JOBS
+# mistakes built and tested at once, each in its own copy).
 cuda-emulate-planted: build
 	MAX_JOBS=$(MAX_JOBS) $(PY) tools/emulate.py planted
 

@@ -30,6 +30,7 @@ and its memory is readable by the host only during a launch or a copy.
 Everything is built under build/emulate (out of the source tree), with ninja.
 """
 import argparse
+import concurrent.futures
 import os
 import re
 import shlex
@@ -291,14 +292,21 @@ def host_objects(host_sources, csrc):
                                        else os.path.basename(src)) + ".o") for src in host_sources]
 
 
-def run_ninja(path, lines, target, jobs):
+def run_ninja(path, lines, target, jobs, quiet=False):
+    """ninja on the build file `path` (written where its text changed); `quiet`: its output is
+    kept from the terminal unless it fails (builds that run beside each other)."""
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if not os.path.exists(path) or open(path).read() != text:
         with open(path, "w") as f:
             f.write(text)
     jobs = jobs or os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
-    subprocess.run([_ninja(), "-f", path, "-j", str(jobs), target], check=True, cwd=os.path.dirname(path))
+    run = subprocess.run([_ninja(), "-f", path, "-j", str(jobs), target], cwd=os.path.dirname(path),
+                         capture_output=quiet, text=True)
+    if run.returncode != 0:
+        if quiet:
+            sys.stdout.write(run.stdout + run.stderr)
+        raise subprocess.CalledProcessError(run.returncode, run.args)
 
 
 def sources(csrc):
@@ -329,9 +337,9 @@ def build(variant, jobs=None):
 def build_planted(csrc, unit, variant, out, jobs=None):
     """The `variant` library with translation unit `unit` compiled from `csrc`
     (a copy with a planted mistake); the other units and the host functions
-    are the real build's (built first)."""
+    are the real build's (`build(variant)`, which the caller has run: builds of
+    several mistakes run beside each other, each in its own directory)."""
     real = os.path.join(ROOT, "csrc")
-    build(variant, jobs)
     cflags, ldflags = torch_flags()
     host, device = sources(real)
     compiled = [src for src in sources(csrc)[1] if os.path.basename(src) == unit]
@@ -339,7 +347,7 @@ def build_planted(csrc, unit, variant, out, jobs=None):
             if os.path.basename(src) not in {os.path.basename(c) for c in compiled}]
     lines = ninja_rules(cflags, ldflags, csrc)
     more, lib = device_lines(compiled, csrc, out, variant, host_objects(host, real) + kept)
-    run_ninja(os.path.join(out, "build.ninja"), lines + more, lib, jobs)
+    run_ninja(os.path.join(out, "build.ninja"), lines + more, lib, jobs, quiet=True)
     return lib
 
 
@@ -367,46 +375,61 @@ def run_tests(variant, lib, pytest_args=(), jobs=None):
     return subprocess.run(cmd, env=test_env(variant, lib), cwd=ROOT)
 
 
+def plant(base, mistake, jobs=None):
+    """One mistake of PLANTED in its own copy of csrc, built and tested (in its own
+    directories under `base`). Returns (caught, the lines to print)."""
+    name, filename, old, new, tests, variant, unit = mistake
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    copy = os.path.join(base, slug, "csrc")
+    if os.path.exists(copy):
+        shutil.rmtree(copy)
+    shutil.copytree(os.path.join(ROOT, "csrc"), copy)
+    path = os.path.join(copy, "cuda", filename)
+    text = open(path).read()
+    if text.count(old) != 1:
+        raise SystemExit(f"planted: {name!r}: the text to replace occurs {text.count(old)} times in "
+                         f"csrc/cuda/{filename}, not once; update PLANTED")
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+    lines = [f"planted: {name} (csrc/cuda/{filename}); expecting failures in -k {tests} ({variant})"]
+    lib = build_planted(copy, unit, variant, os.path.join(base, slug, "build"), jobs)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--capture=sys", "--rootdir", ROOT,
+         os.path.join(ROOT, "tests", "test_cuda_emulated.py"), "-k", tests],
+        env=test_env(variant, lib), cwd=ROOT, capture_output=True, text=True)
+    output = run.stdout + run.stderr
+    tail = output.strip().splitlines()[-3:]
+    # a test failed (a wrong output, or an emulator error such as divergence), a
+    # sanitizer stopped the run (a race, a misaligned or out-of-bounds access), or the test
+    # process died of the mistake (a read past the end that left the plain build's memory:
+    # "a warp given rows of a partial step" fails a test or faults, run by run)
+    reports = ("ThreadSanitizer: data race", "runtime error:", "AddressSanitizer:", "Fatal Python error:")
+    caught = run.returncode != 0 and (
+        (run.returncode == 1 and any(" failed" in line for line in tail))
+        or run.returncode < 0 or any(r in output for r in reports))
+    if any(r in output for r in reports):
+        tail = [next(line for line in output.splitlines() if any(r in line for r in reports))]
+    lines.append(f"  {'caught' if caught else 'NOT CAUGHT'}: {' | '.join(tail)}")
+    return caught, lines
+
+
 def planted(only=None, jobs=None):
     """Each mistake of PLANTED in its own copy of csrc, built and tested: the
-    tests must fail. Returns the number of mistakes not caught."""
+    tests must fail. Returns the number of mistakes not caught. A mistake's build
+    (one translation unit) and its tests (the emulator runs a launch on one thread)
+    keep one core busy, so MAX_JOBS of them run at once; each is printed, in
+    PLANTED's order, when it and those before it are done."""
     base = os.path.join(OUT, "planted")
-    missed = []
     chosen = [p for p in PLANTED if only is None or only in p[0]]
-    for name, filename, old, new, tests, variant, unit in chosen:
-        slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-        copy = os.path.join(base, slug, "csrc")
-        if os.path.exists(copy):
-            shutil.rmtree(copy)
-        shutil.copytree(os.path.join(ROOT, "csrc"), copy)
-        path = os.path.join(copy, "cuda", filename)
-        text = open(path).read()
-        if text.count(old) != 1:
-            raise SystemExit(f"planted: {name!r}: the text to replace occurs {text.count(old)} times in "
-                             f"csrc/cuda/{filename}, not once; update PLANTED")
-        with open(path, "w") as f:
-            f.write(text.replace(old, new))
-        print(f"planted: {name} (csrc/cuda/{filename}); expecting failures in -k {tests} ({variant})", flush=True)
-        lib = build_planted(copy, unit, variant, os.path.join(base, slug, "build"), jobs)
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--capture=sys", "--rootdir", ROOT,
-             os.path.join(ROOT, "tests", "test_cuda_emulated.py"), "-k", tests],
-            env=test_env(variant, lib), cwd=ROOT, capture_output=True, text=True)
-        output = run.stdout + run.stderr
-        tail = output.strip().splitlines()[-3:]
-        # a test failed (a wrong output, or an emulator error such as divergence), a
-        # sanitizer stopped the run (a race, a misaligned or out-of-bounds access), or the test
-        # process died of the mistake (a read past the end that left the plain build's memory:
-        # "a warp given rows of a partial step" fails a test or faults, run by run)
-        reports = ("ThreadSanitizer: data race", "runtime error:", "AddressSanitizer:", "Fatal Python error:")
-        caught = run.returncode != 0 and (
-            (run.returncode == 1 and any(" failed" in line for line in tail))
-            or run.returncode < 0 or any(r in output for r in reports))
-        if any(r in output for r in reports):
-            tail = [next(line for line in output.splitlines() if any(r in line for r in reports))]
-        print(f"  {'caught' if caught else 'NOT CAUGHT'}: {' | '.join(tail)}", flush=True)
-        if not caught:
-            missed.append(name)
+    for variant in sorted({p[5] for p in chosen}):  # the real builds, whose objects the mistakes' libraries link
+        build(variant, jobs)
+    workers = int(jobs or os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
+    missed = []
+    with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
+        for mistake, (caught, lines) in zip(chosen, pool.map(lambda m: plant(base, m, jobs), chosen)):
+            print("\n".join(lines), flush=True)
+            if not caught:
+                missed.append(mistake[0])
     print(f"planted: {len(chosen) - len(missed)} of {len(chosen)} mistakes caught"
           + (f"; missed: {', '.join(missed)}" if missed else ""))
     return len(missed)
