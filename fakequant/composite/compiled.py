@@ -135,6 +135,13 @@ def _memory_order(stride) -> list:
     return order
 
 
+def packed_bits(mask: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` bits of a packed mask as a flat bool tensor: bit i is bit i % 8 of
+    byte i // 8 (the operators' layout; csrc/include/fakequant/contract.h)."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
+    return ((mask.unsqueeze(-1) >> shifts) & 1).flatten()[:n].bool()
+
+
 def masked_grad(grad: torch.Tensor, mask: torch.Tensor, output_stride) -> torch.Tensor:
     """``mask_backward(grad, mask, output_stride)`` in plain PyTorch, for Inductor to fuse:
     ``grad`` where the packed mask's bit is set, else +0. Bit i (bit i % 8 of byte i // 8)
@@ -142,9 +149,7 @@ def masked_grad(grad: torch.Tensor, mask: torch.Tensor, output_stride) -> torch.
     ``output_stride``. A select, so exact on every device."""
     order = _memory_order(output_stride)
     g = grad.permute(order)  # a view whose row-major order is the output's memory order
-    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
-    bits = ((mask.unsqueeze(-1) >> shifts) & 1).flatten()[:g.numel()].view(g.shape).bool()
-    out = torch.where(bits, g, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    out = torch.where(packed_bits(mask, g.numel()).view(g.shape), g, torch.zeros((), dtype=grad.dtype, device=grad.device))
     inverse = [0] * len(order)
     for i, d in enumerate(order):
         inverse[d] = i

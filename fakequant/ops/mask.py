@@ -5,6 +5,7 @@ from typing import Sequence
 
 import torch
 
+from ..composite import compiled
 from ._common import _check_meta, _ops
 
 
@@ -45,8 +46,7 @@ def unpack_mask(mask: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
     """The bool mask, shaped and laid out like ``output``, of a packed mask that
     an operator returned with ``output``."""
     n = output.numel()
-    shifts = torch.arange(8, device=mask.device, dtype=torch.uint8)
-    bits = ((mask.unsqueeze(-1) >> shifts) & 1).flatten()[:n].bool()
+    bits = compiled.packed_bits(mask, n)
     unpacked = torch.empty_like(output, dtype=torch.bool)
     # Bit i belongs to element i in memory order, which is output's (dense) layout.
     unpacked.as_strided((n,), (1,)).copy_(bits)
