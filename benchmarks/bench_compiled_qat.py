@@ -34,6 +34,9 @@ nn.Linear, not convolutions).
   /proc/self/clear_refs): what the step allocates at its peak, roughly.
 - Saved for backward: the bytes autograd keeps for backward (saved_tensors_hooks;
   under torch.compile, what the compiled graph's partitioner chose to save).
+- Per step, from torch.profiler (a second table): fakequant's operator calls, and on CUDA the
+  kernel launches and the GPU's kernel time, also as a share of the step's time (a small share:
+  the step is the host's time); the JSON keeps each configuration's top events by host time.
 
     python benchmarks/bench_compiled_qat.py [--models resnet,llama,moe,host] [--rounds 7] [--json PATH]
     python benchmarks/bench_compiled_qat.py --device cuda --budget 240
@@ -321,6 +324,40 @@ def saved_mb(run):
     return total[0] / 2**20
 
 
+# The host's calls that launch a CUDA kernel (the runtime's and the driver's entry points)
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def profile_steps(run, steps, top=12):
+    """Where `steps` steps go, per step, from one torch.profiler run: fakequant's operator calls
+    (a call counted once, however many dispatch levels record it), the host's kernel launches and
+    the GPU's kernel time (CUDA), and the `top` events by their own host time, for the JSON. On a
+    GPU whose step is the host's time, the kernels take a small share of the step: what the step
+    costs is then what each call costs the host (issue 36, item 3)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = DEVICE.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync()
+    t0 = time.perf_counter()
+    with run.context(), profile(activities=activities) as prof:
+        for _ in range(steps):
+            run.step()
+        _sync()
+    wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    events = prof.events()
+    calls = sum(1 for e in events if e.name.startswith("fakequant::")
+                and (e.cpu_parent is None or e.cpu_parent.name != e.name))
+    launches = sum(1 for e in events if e.name in LAUNCHES)
+    kernel_us = sum(e.device_time for e in events if e.device_type == DeviceType.CUDA) if cuda else None
+    averages = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)[:top]
+    return dict(fakequant_calls=calls / steps, launches=launches / steps if cuda else None,
+                gpu_kernel_ms=kernel_us / 1e3 / steps if cuda else None, profiled_step_ms=wall_ms,
+                top_host=[dict(name=a.key, calls=a.count / steps, self_host_us=a.self_cpu_time_total / steps)
+                          for a in averages])
+
+
 def graph_break_count():
     """Graph breaks Dynamo has met in this process so far (its counters), and the frames it ran
     eagerly instead of compiling them (its "unimplemented" counter: a backend that failed, as
@@ -428,6 +465,10 @@ def measure(model_name, configs, rounds, progress=None, deadline=None, steps=1, 
             row["saved_mb"] = saved_mb(run)
         except Exception as e:  # (the step's time stands)
             row.update(peak_step_mb=None, saved_mb=None, extras=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        try:
+            row["profile"] = profile_steps(run, steps)
+        except Exception as e:  # (the rest stands)
+            row["profile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         row["extras_s"] = time.perf_counter() - t0
     for name, row in rows.items():
         if "step_ms" in row:
@@ -499,6 +540,19 @@ def format_tables(result):
         no_extras = [f"{r['config']} ({r['extras'].removeprefix('not measured: ')})" for r in rows if r.get("extras")]
         if no_extras:
             lines += ["", "Memory and saved bytes not measured: " + ", ".join(no_extras)]
+        profiled = [r for r in rows if r.get("profile")]
+        if profiled:
+            lines += ["", f"Per step, from torch.profiler ({model}):", "",
+                      "| configuration | fakequant operator calls | kernel launches | GPU kernel time (ms) "
+                      "| of the step's time |", "|---|---:|---:|---:|---:|"]
+            for r in profiled:
+                p = r["profile"]
+                share = p["gpu_kernel_ms"] / r["step_ms"] if p["gpu_kernel_ms"] is not None else None
+                lines.append(f"| {r['config']} | {p['fakequant_calls']:.0f} | {_fmt(p['launches'], '.0f')} | "
+                             f"{_fmt(p['gpu_kernel_ms'], '.2f')} | {_fmt(share, '.0%')} |")
+        unprofiled = [f"{r['config']} ({r['profile_error']})" for r in rows if r.get("profile_error")]
+        if unprofiled:
+            lines += ["", "Not profiled: " + ", ".join(unprofiled)]
         lines.append("")
     return "\n".join(lines)
 

@@ -181,3 +181,24 @@ def test_a_configuration_that_fails_in_a_timed_round_is_reported_and_the_others_
     table = bench.format_tables({"models": {"resnet": result}})
     assert "| fakequant compiled | did not run: RuntimeError in round 1: recording failed |" in table
     assert "Memory and saved bytes not measured: float compiled (RuntimeError: no hooks under CUDA graphs)" in table
+    # (a Run without a context: the profile fails apart, named, and the memory figures stand)
+    assert rows["float eager"]["profile_error"].startswith("AttributeError") and "profile" not in rows["float eager"]
+    assert "Not profiled: float eager (AttributeError" in table
+
+
+def test_the_profile_counts_each_operator_call_once(bench):
+    """40 linear layers, 80 quantizers: a step calls the operator 80 times forward and 79 times
+    backward (the first layer's input needs no gradient), whatever levels the profiler records a
+    call at; a float step calls none. On the CPU there are no launches or GPU time to count."""
+    for name, calls in (("fakequant eager", 159), ("float eager", 0)):
+        profile = bench.profile_steps(bench.Run("host", name), steps=2)
+        assert profile["fakequant_calls"] == calls
+        assert profile["launches"] is None and profile["gpu_kernel_ms"] is None
+        assert profile["profiled_step_ms"] > 0 and len(profile["top_host"]) == 12
+        if calls:
+            assert any(e["name"] == "fakequant::fake_quantize_amax" and e["calls"] == 80 for e in profile["top_host"])
+    row = dict(config="fakequant eager", step_ms=4.0, vs_float_same_mode=None, vs_float_eager=None, compile_s=None,
+               graph_breaks=None, peak_step_mb=None, saved_mb=None, profile=profile)
+    table = bench.format_tables({"models": {"host": [dict(row, profile=dict(
+        profile, fakequant_calls=159, launches=300.0, gpu_kernel_ms=1.0))]}})
+    assert "| fakequant eager | 159 | 300 | 1.00 | 25% |" in table
