@@ -557,6 +557,34 @@ def test_blockwise_vectors_inside_the_limit(dtype):
     assert y[at[2]].abs().max().item() == 6 * 448
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_blockwise_vectors_inside_the_limit_zero_signs(dtype):
+    # NVFP4's inside trips divide without copying x's sign onto the quotient and round with x's
+    # sign (contract.h's blockwise_inside_value): -0.0 (whose quotient is +0 where the scale's
+    # y_lo is negative: every E4M3 value but the powers of two, whose y_lo is 0), tiny elements
+    # of either sign and small ones that round to zeros, in blocks of a dozen scales; then the
+    # same under a per-tensor scale g = 0.7 (block scales E4M3 values times g).
+    per_trip = vector_trip(16, dtype) // 16
+    g = torch.Generator().manual_seed(11)
+    x = torch.rand(4 * per_trip, 16, generator=g, dtype=torch.float64) * 4 - 2
+    x[:, 0] = 2.0 + 3.0 * torch.rand(4 * per_trip, generator=g, dtype=torch.float64)  # scales E4M3(amax / 6)
+    for column, v in enumerate((-0.0, 0.0, -1e-30, 1e-30, -1e-39, 1e-39, -0.05, 0.05), start=1):
+        x[:, column] = v
+    x = x.to(dtype)
+    scales = {float(fakequant.ops.fake_quantize_fp8(torch.tensor(a / 6.0), torch.tensor(448.0))) for a in
+              x[:, 0].float().tolist()}
+    y_lo_signs = set()
+    for s in scales:  # (the sign of y_lo is that of 1 - s * y: exact in float64, s and y being float32)
+        y = float(torch.tensor(1.0 / s, dtype=torch.float32))
+        y_lo_signs.add((1.0 - s * y > 0) - (1.0 - s * y < 0))
+    assert len(scales) >= 8 and -1 in y_lo_signs
+    for scale_amax in (6.0 * 448.0, 0.7 * 6.0 * 448.0):
+        y, mask = cpu_and_cuda("fake_quantize_blockwise", x, 16, 4, False, True, 2, torch.tensor([scale_amax]), True,
+                               False, False)
+        assert bool(fakequant.unpack_mask(mask, y).all())  # every trip inside the limit
+        assert bool((y[:, 1:9:2] == 0).all() and y[:, 1:9:2].signbit().all() and not y[:, 2:10:2].signbit().any())
+
+
 def test_blockwise_long_row():
     # One block of a row of 70,000 elements: a thread block, not one warp.
     x = data(70000, torch.float32).reshape(1, 70000)

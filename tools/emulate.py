@@ -96,6 +96,11 @@ PLANTED = [
      "return aligned16(x) && aligned16(y) &&",
      "return aligned16(y) &&",
      "quantize_sizes", "plain", "quantize.cu"),
+    ("NVFP4's zeros signed by the quotient that lost x's sign", "blockwise.cuh",
+     "v = blockwise_inside_value<F>(quotient_of<false>(xv, Divisor{sk[k], yk[k], lk[k], true}), xv, sk[k]);",
+     "v = blockwise_inside_value<F>(quotient_of<false>(xv, Divisor{sk[k], yk[k], lk[k], true}), "
+     "quotient_of<false>(xv, Divisor{sk[k], yk[k], lk[k], true}), sk[k]);",
+     "inside_the_limit_zero_signs", "plain", "blockwise.cu"),
     ("a block's max over half its lanes", "blockwise.cuh",
      "for (int lanes = 1; lanes < G; lanes *= 2) {",
      "for (int lanes = 2; lanes < G; lanes *= 2) {",

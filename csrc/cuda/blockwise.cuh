@@ -297,6 +297,9 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   // or clamped; E8M0 scales put half the blocks' amax above it, so MX trips do not look).
   constexpr bool kSlow = P == Trip::kSlow;
   constexpr bool kInside = P == Trip::kFast && F != Format::kInt && S != BlockScale::kE8M0;
+  // kInside formats rounded in bit arithmetic (NVFP4's E2M1): x / s without x's sign, which the
+  // rounding takes from x (blockwise_inside_value)
+  constexpr bool kUnsigned = kInside && F != Format::kE4M3 && F != Format::kE5M2;
   float s[R], reciprocal[R], reciprocal_lo[R];
   bool outside = false;  // a block of this lane's that the trip's rule does not take
 #pragma unroll
@@ -359,6 +362,9 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
       float v;
       if constexpr (kSlow) {
         v = block_element<F>(xv, b, rule, bit);
+      } else if constexpr (kUnsigned) {
+        v = blockwise_inside_value<F>(quotient_of<false>(xv, Divisor{sk[k], yk[k], lk[k], true}), xv, sk[k]);
+        bit = 1;
       } else {
         const float xs = S == BlockScale::kE8M0
                              ? e8m0_quotient(xv, yk[k])

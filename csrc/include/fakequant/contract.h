@@ -162,15 +162,22 @@ C10_HOST_DEVICE inline C integer_bound(int64_t v, bool up) {
 // round_to_format_grid gives round_to_format's value: a v beyond max is in max's binade (the
 // limit is below the next power of two in every format), within half a step of max, and
 // rounds to it. Kernels that know every |v| of a block below the limit use it.
-C10_HOST_DEVICE inline float round_to_format_grid(float v, FloatFormat f) {
+//
+// `sign`: where the result's sign comes from, v itself or a value of v's sign wherever v is
+// not tiny (below 2^-39: such a v rounds to a zero in every format, whose sign is then
+// sign's). The CUDA block kernels pass x for v = x / s computed without x's sign
+// (quotient_of<false>), which keeps RN(x / s) but for tiny quotients, whose sign may be lost
+// (a -0 dividend gives +0 where y_lo < 0): one instruction an element fewer.
+C10_HOST_DEVICE inline float round_to_format_grid(float v, FloatFormat f, float sign) {
   const uint32_t exponent = float_to_bits(v) & 0x7f800000u;
   // c's bits: the exponent field's, the mantissa 0.5 (added: the exponent's low bits are 0)
   const uint32_t smallest = (static_cast<uint32_t>(f.min_exponent - f.mantissa_bits + 127 + 23) << 23) + 0x00400000u;
   uint32_t magic = exponent + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23) + 0x00400000u;  // (NaN, inf: any c will do)
   magic = magic < smallest ? smallest : magic;
   const float c = bits_to_float(magic);
-  return copy_sign(sub_rn(add_rn(v, c), c), v);
+  return copy_sign(sub_rn(add_rn(v, c), c), sign);
 }
+C10_HOST_DEVICE inline float round_to_format_grid(float v, FloatFormat f) { return round_to_format_grid(v, f, v); }
 
 C10_HOST_DEVICE inline float round_to_format(float v, FloatFormat f) {
   return round_to_format_grid(clamp_nan(v, -f.max, f.max), f);
@@ -741,6 +748,17 @@ C10_HOST_DEVICE inline C blockwise_value_of_quotient(C xs, C s, const BlockRule<
     m = static_cast<M>(abs_value(xs) <= rule.float_limit);
     return mul_rn(static_cast<C>(round_to_small_float<F>(to_float_rn(xs))), s);
   }
+}
+
+// blockwise_value_of_quotient's kInside value (mask bit 1) of x from q = x / s computed
+// without x's sign (quotient_of<false>): RN(x / s) but where it is tiny, which rounds to a
+// zero, whose sign is x's (round_to_format_grid's `sign`). For the formats rounded by bit
+// arithmetic on every device: E4M3 and E5M2 take a conversion instruction where a GPU has one,
+// which keeps q's sign.
+template <Format F>
+C10_HOST_DEVICE inline float blockwise_inside_value(float q, float x, float s) {
+  static_assert(F != Format::kInt && F != Format::kE4M3 && F != Format::kE5M2, "a format rounded in bit arithmetic");
+  return mul_rn(round_to_format_grid(q, float_format_of<F>(), x), s);
 }
 
 template <Format F, typename C, typename M>
