@@ -170,16 +170,18 @@ def _long_block_kernels() -> List[Kernel]:
 
 def _ggml_kernels() -> List[Kernel]:
     """llama.cpp's Q8_0 and Q4_0 blocks of 32 (fake_quantize_ggml, ggml.cu):
-    ggml_vector_kernel<scalar_t, GgmlType, K> (GgmlType 8 is Q8_0, 4 Q4_0; K = min(vectors a
-    block, 4) 16-byte vectors a lane and trip)."""
+    ggml_vector_kernel<scalar_t, GgmlType, K, kShift> (GgmlType 8 is Q8_0, 4 Q4_0; K = min(vectors
+    a block, 4) 16-byte vectors a lane and trip; kShift log2 of the vectors a block, known at
+    compile time for blocks of 32; builds before 2026-11-29 had no kShift)."""
     out = []
     for dname, ctype, size in _DTYPES:
         vec = 16 // size
         k = min(32 // vec, 4)
+        shift = (32 // vec).bit_length() - 1
         for label, bits in (("GGML Q8_0 (blocks of 32)", 8), ("GGML Q4_0 (blocks of 32)", 4)):
-            out.append(Kernel(f"{label}, {dname}",
-                              [(rf"ggml_vector_kernel<{re.escape(ctype)}, \(fakequant::GgmlType\){bits}, {k}>",
-                                k * vec)], 2 * size))
+            kernel = rf"ggml_vector_kernel<{re.escape(ctype)}, \(fakequant::GgmlType\){bits}, {k}"
+            out.append(Kernel(f"{label}, {dname}", [(kernel + rf", {shift}>", k * vec), (kernel + ">", k * vec)],
+                              2 * size))
     return out
 
 

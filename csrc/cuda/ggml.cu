@@ -38,6 +38,23 @@ __device__ __forceinline__ float first_largest(uint32_t key, uint32_t m, float v
   return __shfl_sync(kFullWarp, value, first_lane + __ffs(static_cast<int>(group_bits)) - 1);
 }
 
+// Q4_0 in bfloat16: the key of an element that is its block's first of the largest |x| by
+// itself, and holds x: |x|'s 16 bits (bits 16-30: ordered as the float32 keys, a bfloat16's
+// float32 bits being its own and 16 zeros), 255 less its index in the block (bits 8-15: of
+// equal |x| the first is the largest) and x's sign (bit 7). A lane's elements are words of two,
+// the low one first: the key of element 2 i + h of the lane is the PRMT of its word and of the
+// lane's index bytes `at` (255 - the block index of its elements 4 c to 4 c + 3, c = i / 2),
+// and a mask. Blocks of up to 256 elements.
+__device__ __forceinline__ uint32_t packed_key(uint32_t word, uint32_t at, int i, int h) {
+  const uint32_t hi = 2 * h + 1, lo = 2 * h;  // the element's bytes in the word
+  const uint32_t index = 4 + (2 * i + h) % 4;  // its index byte in `at`
+  return __byte_perm(word, at, (hi << 12) | (lo << 8) | (index << 4) | hi) & 0x7fffff80u;
+}
+// The element that a largest packed key names, as float32.
+__device__ __forceinline__ float packed_key_value(uint32_t key) {
+  return __uint_as_float((key & 0x7fff0000u) | ((key & 0x80u) << 24));
+}
+
 // The key of V elements (and Q4_0's first element of the largest).
 template <GgmlType T, int V>
 __device__ __forceinline__ uint32_t vector_key(const Pack<float, V>& in, float& value) {
@@ -54,14 +71,17 @@ __device__ __forceinline__ uint32_t vector_key(const Pack<float, V>& in, float& 
 
 // One trip of the warp from element `base`. kFull: all 32 K V elements in the tensor; else the
 // trip past the end (n, a multiple of the block, need not be one of 32 K V), where whole blocks
-// of lanes hold no vector: they load, store and mark nothing.
-template <typename scalar_t, GgmlType T, int K, bool kFull>
+// of lanes hold no vector: they load, store and mark nothing. G = 2^shift lanes a block:
+// kShift where it is known at compile time (GGUF's blocks of 32: 8 float32 vectors, 4 of 16-bit
+// elements), so that the lane arithmetic and the max's shuffle loop fold; -1: `runtime_shift`.
+template <typename scalar_t, GgmlType T, int K, int kShift, bool kFull>
 __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                             uint32_t* __restrict__ mask_words, int64_t n, int64_t mask_bytes,
-                                            int64_t base, int shift) {
+                                            int64_t base, int runtime_shift) {
   constexpr int V = kVec<scalar_t>;
   constexpr int kLanesPerWord = 32 / V;
   constexpr int64_t kLoad = int64_t{kWarpSize} * V;  // elements a load of the warp covers
+  const int shift = kShift >= 0 ? kShift : runtime_shift;
   const int G = 1 << shift;                 // lanes a block
   const int per_load = kWarpSize >> shift;  // blocks a load covers
   const int lane = threadIdx.x % kWarpSize;
@@ -73,6 +93,16 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   for (int k = 0; k < K; ++k) {
     if (kFull || first + k * kLoad < n) raw[k] = *reinterpret_cast<const Pack<scalar_t, V>*>(x + first + k * kLoad);
   }
+  // Q4_0 in bfloat16: packed keys (packed_key), whose largest names the block's first of the
+  // largest |x| and holds it, where the others take a ballot and a shuffle after the max
+  constexpr bool kPacked = T == GgmlType::kQ4_0 && std::is_same_v<scalar_t, c10::BFloat16>;
+  static_assert(!kPacked || V == 8, "bfloat16 vectors of 8");
+  uint32_t at[2] = {0, 0};  // kPacked: the index bytes of this lane's elements 0-3 and 4-7
+  if constexpr (kPacked) {
+    const uint32_t top = 255u - static_cast<uint32_t>((lane & (G - 1)) * V);  // (blocks of up to 32 vectors)
+    at[0] = top * 0x01010101u - 0x03020100u;
+    at[1] = (top - 4u) * 0x01010101u - 0x03020100u;
+  }
   Pack<float, V> in[K];
   uint32_t key[K], mk[K];
   float value[K], m[K];
@@ -82,7 +112,17 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
     value[k] = 0.0f;
     if (kFull || first + k * kLoad < n) {
       in[k] = to_floats(raw[k]);
-      key[k] = vector_key<T>(in[k], value[k]);
+      if constexpr (kPacked) {
+        uint32_t w[V / 2];
+        memcpy(w, &raw[k], sizeof(w));
+#pragma unroll
+        for (int i = 0; i < V / 2; ++i) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) key[k] = max(key[k], packed_key(w[i], at[i / 2], i, h));
+        }
+      } else {
+        key[k] = vector_key<T>(in[k], value[k]);
+      }
     }
     mk[k] = key[k];
   }
@@ -94,6 +134,8 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   for (int k = 0; k < K; ++k) {
     if constexpr (T == GgmlType::kQ8_0) {
       m[k] = __uint_as_float(mk[k]);
+    } else if constexpr (kPacked) {
+      m[k] = packed_key_value(mk[k]);
     } else {
       m[k] = first_largest(key[k], mk[k], value[k], G, lane);
     }
@@ -136,14 +178,14 @@ __device__ __forceinline__ void vector_trip(const scalar_t* __restrict__ x, scal
   }
 }
 
-template <typename scalar_t, GgmlType T, int K>
+template <typename scalar_t, GgmlType T, int K, int kShift>
 __device__ __noinline__ void vector_trip_past_end(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                                   uint32_t* __restrict__ mask_words, int64_t n, int64_t mask_bytes,
                                                   int64_t base, int shift) {
-  vector_trip<scalar_t, T, K, false>(x, y, mask_words, n, mask_bytes, base, shift);
+  vector_trip<scalar_t, T, K, kShift, false>(x, y, mask_words, n, mask_bytes, base, shift);
 }
 
-template <typename scalar_t, GgmlType T, int K>
+template <typename scalar_t, GgmlType T, int K, int kShift>
 __global__ void __launch_bounds__(kThreads)
     ggml_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y, uint32_t* __restrict__ mask_words,
                        int64_t n, int64_t mask_bytes, int shift) {
@@ -154,9 +196,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t t = warp; t < trips; t += nwarps) {  // the same for the whole warp
     const int64_t base = t * kTrip;
     if (base + kTrip <= n) {
-      vector_trip<scalar_t, T, K, true>(x, y, mask_words, n, mask_bytes, base, shift);
+      vector_trip<scalar_t, T, K, kShift, true>(x, y, mask_words, n, mask_bytes, base, shift);
     } else {
-      vector_trip_past_end<scalar_t, T, K>(x, y, mask_words, n, mask_bytes, base, shift);
+      vector_trip_past_end<scalar_t, T, K, kShift>(x, y, mask_words, n, mask_bytes, base, shift);
     }
   }
 }
@@ -243,9 +285,12 @@ void ggml_cuda(const GgmlJob& job) {
         const unsigned blocks = grid_for((n + kWarpSize * K * V - 1) / (kWarpSize * K * V), device);
         with_type([&](auto type_tag) {
           constexpr GgmlType T = decltype(type_tag)::value;
-          auto* kernel = K == 1   ? &ggml_vector_kernel<scalar_t, T, 1>
-                         : K == 2 ? &ggml_vector_kernel<scalar_t, T, 2>
-                                  : &ggml_vector_kernel<scalar_t, T, 4>;
+          // (GGUF's blocks of 32 elements with the shift known at compile time)
+          constexpr int kGguf = V == 4 ? 3 : 2;
+          auto* kernel = K == 1       ? &ggml_vector_kernel<scalar_t, T, 1, -1>
+                         : K == 2     ? &ggml_vector_kernel<scalar_t, T, 2, -1>
+                         : shift == kGguf ? &ggml_vector_kernel<scalar_t, T, 4, kGguf>
+                                      : &ggml_vector_kernel<scalar_t, T, 4, -1>;
           launch_kernel(kernel, blocks, stream, xp, yp, words, n, mask_bytes, shift);
         });
         return;

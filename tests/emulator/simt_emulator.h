@@ -46,7 +46,7 @@
 //   their double forms, __float2int_rn, __double2float_rn, ...) as the plain
 //   host operators, which round to nearest even once per operation when the
 //   file is compiled with -ffp-contract=off and without -ffast-math (setup.py
-//   and the emulation build do so); bit casts, __ldg, __popc, __ffs, __clz, __vmaxu2, __vminu2, __vmaxs2.
+//   and the emulation build do so); bit casts, __ldg, __popc, __ffs, __clz, __vmaxu2, __vminu2, __vmaxs2, __byte_perm.
 // - Vector types (float2, float4, double2, int2, int4, uint2, uint4, ...) with
 //   their CUDA alignment; simt::check_aligned and fq_load/fq_store helpers
 //   report any vector access whose address is not a multiple of its size, as
@@ -891,6 +891,13 @@ inline unsigned __vmaxs2(unsigned a, unsigned b) {
   const unsigned hi = static_cast<uint16_t>(std::max(half(a, 1), half(b, 1)));
   const unsigned lo = static_cast<uint16_t>(std::max(half(a, 0), half(b, 0)));
   return (hi << 16) | lo;
+}
+// PRMT: byte n of the result is byte (s >> 4 n) & 7 of the eight bytes of x (0-3) and y (4-7).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long bytes = (static_cast<unsigned long long>(y) << 32) | x;
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= static_cast<unsigned>((bytes >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+  return r;
 }
 inline unsigned __brev(unsigned v) {
   unsigned r = 0;
