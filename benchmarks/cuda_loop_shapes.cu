@@ -337,6 +337,21 @@ void run_dtype(const char* dtype, int64_t n, int rounds, std::vector<Variant>& a
   add_variant("per token " + warp_len + ", a warp a row, no prefetch (" + occupancy(warp_rows_np, 0) + ")",
               [=] { warp_rows_np<<<warp_rows_grid, kThreads>>>(x, y2, words2, warp_rows, int8_rule, no_scale_amax); },
               warp_library);
+  // rows of 8192: a group of warps a row, 16 steps of theirs (bfloat16: two warps; float32:
+  // four), the library's, beside the thread block that held them before (4 or 8 of its steps)
+  constexpr int kRowGroup = V == 8 ? 2 * kWarpSize : 4 * kWarpSize;
+  const LaunchGeometry rows8192 = rows_of(8192);
+  const unsigned group_rows_grid = grid_for_tiles(rows8192.total_blocks * (kRowGroup / kWarpSize));
+  const unsigned block_rows8192_grid = grid_for_tiles(rows8192.total_blocks * kWarpsPerBlock);
+  auto group_rows = blockwise_long_vector_kernel<T, Format::kInt, false, true, kRowGroup, true>;
+  const std::function<void()> group_library = [=] {
+    group_rows<<<group_rows_grid, kThreads>>>(x, y, words, rows8192, int8_rule, no_scale_amax);
+  };
+  add("per token 8192, " + std::to_string(kRowGroup / kWarpSize) + " warps a row, library (" +
+          occupancy(group_rows, 0) + ")", with_mask, group_library);
+  add_variant("per token 8192, a thread block a row (" + occupancy(block_rows, 0) + ")",
+              [=] { block_rows<<<block_rows8192_grid, kThreads>>>(x, y2, words2, rows8192, int8_rule, no_scale_amax); },
+              group_library);
 
   // int8 blocks of 32 and 128 with float32 scales (blockwise_vector_kernel, rows of 4096): the
   // library's trip (K = 4 vectors a lane where a block is 2 or 4 vectors, else 8) beside the other

@@ -498,6 +498,26 @@ def test_blockwise_long_rows_warps_grid_steps(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_blockwise_long_rows_warp_groups(dtype):
+    # Rows of whole steps of two or four warps' vectors, more than a smaller group holds (9 and 16
+    # of their steps), integer and E4M3 blocks: two or four warps a row, the max through shared
+    # memory; then the same rows over about 2.5 steps of the capped grid (16 thread blocks of 4
+    # or 2 groups), whose last round leaves groups without a row, and the degenerate rows'
+    # second pass (vector_blocks' zeros and tiny rows); NVFP4's blocks take the thread block.
+    warp_step = 32 * (16 // torch.tensor([], dtype=dtype).element_size())
+    for warps in (2, 4):
+        for steps in (9, 16):
+            block_size = warps * warp_step * steps
+            x = vector_blocks(5, block_size, dtype, 0)
+            for element in ("int8", "centered_int8", "centered_fp8", "nvfp4"):
+                blockwise(x, block_size, element)
+        rows = 5 * 16 * (8 // warps) // 2 + 3
+        x = vector_blocks(rows, warps * warp_step * 9, dtype, 0)
+        for element in ("centered_int8", "fp8_e4m3"):
+            blockwise(x, warps * warp_step * 9, element)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_blockwise_long_rows_keys(dtype):
     # The rows' keys of blockwise_long_vector_kernel (RowKeys: bfloat16's on 16-bit pairs) for
     # centered and plain rows: both signs (the fast pass), all negative, a negative NaN alone,

@@ -153,7 +153,9 @@ def _long_block_kernels() -> List[Kernel]:
     row, both passes, 16 vectors a thread. A thread block a row (group 256), held for rows of up
     to 8 of its vectors a thread: its loop is a row of 8 vectors a thread (a shorter row pays the
     same row costs for fewer: 2 vectors a thread at 4096 bfloat16 elements, what the warp kernel
-    is for); older builds had no group (and before them no held kernel: one 16-byte vector a
+    is for). Two or four warps a row (groups 64, 128) for rows of whole steps of theirs, up to
+    16 vectors a thread, held as a warp holds its rows: their loop is a row of 16 vectors a
+    thread. Older builds had no group (and before them no held kernel: one 16-byte vector a
     thread and step of the second pass; before that blockwise_long_kernel, one element)."""
     out = []
     for dname, ctype, size in _DTYPES:
@@ -161,6 +163,10 @@ def _long_block_kernels() -> List[Kernel]:
         head = rf"blockwise_long_vector_kernel<{c}, \(fakequant::Format\)0, true"
         out.append(Kernel(f"per token, a warp a row (rows of 1024 to {512 * 16 // size}, centered int8), {dname}",
                           [(rf"{head}, true, 32(, true)?>", 16 * 16 // size)], 2 * size))
+        for warps in (2, 4):  # (since 2026-11-29: rows of whole steps of a group of warps, 16 vectors a thread)
+            rows = f"up to {512 * 16 * warps // size} elements, whole steps of {512 * warps // size}"
+            out.append(Kernel(f"per token, {warps} warps a row (rows of {rows}, centered int8), {dname}",
+                              [(rf"{head}, true, {32 * warps}, true>", 16 * 16 // size)], 2 * size))
         out.append(Kernel(f"per token (rows of 1024 or more, centered int8), {dname}",
                           [(rf"{head}, true, 256(, true)?>", 8 * 16 // size), (rf"{head}, true>", 8 * 16 // size),
                            (rf"{head}>", 16 // size),

@@ -19,7 +19,9 @@
 // block (the max through shuffles and shared memory), so that a block of
 // 70,000 elements does not run on one warp; but in aligned memory a block of at most
 // 16 whole steps of a warp's vectors (per token: rows of the common hidden sizes,
-// up to 4096 bfloat16 elements) takes one warp (blockwise_long_vector_kernel).
+// up to 4096 bfloat16 elements) takes one warp, and an integer or E4M3 block of at most 16
+// whole steps of two or four warps' vectors (up to 8192 or 16384 bfloat16 elements: MLP
+// widths) takes two or four (blockwise_long_vector_kernel).
 //
 // Mask bits are gathered with __ballot_sync. The mask is exactly ceil(n / 8)
 // bytes. Where every 32-bit word of it has one writer (power-of-two blocks, or
@@ -465,6 +467,32 @@ __device__ __forceinline__ void thread_block_max(uint32_t& m, uint32_t& n, uint3
   __syncthreads();  // warp_amax and warp_neg are written again for the next block
 }
 
+// The max of m and of n over a group of kGroup / 32 warps (aligned in the thread block), in
+// every thread: shuffles within each warp, then the group's warps' through the shared words
+// slot_amax[parity] and slot_neg[parity] (kWarpsPerBlock each). Every thread of the block calls
+// it together, once a round of its loop, `parity` alternating from one round to the next: a
+// round's slots are read before the next round's barrier, which every thread reaches, and are
+// written again two rounds on, so one barrier a round is enough.
+template <int kGroup>
+__device__ __forceinline__ void group_max(uint32_t& m, uint32_t& n, uint32_t (*slot_amax)[kWarpsPerBlock],
+                                          uint32_t (*slot_neg)[kWarpsPerBlock], int parity) {
+  constexpr int kGroupWarps = kGroup / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  warp_max(m, n);
+  if (lane == 0) {
+    slot_amax[parity][warp] = m;
+    slot_neg[parity][warp] = n;
+  }
+  __syncthreads();
+  const int first = warp / kGroupWarps * kGroupWarps;
+#pragma unroll
+  for (int w = 0; w < kGroupWarps; ++w) {
+    m = max(m, slot_amax[parity][first + w]);
+    n = max(n, slot_neg[parity][first + w]);
+  }
+}
+
 // Blocks of kLongBlock elements or more: thread block b takes blocks b,
 // b + gridDim.x, ...; its threads stride through the block twice (the max,
 // then the elements), one warp's 32 consecutive elements at a time.
@@ -560,7 +588,14 @@ __device__ __noinline__ void long_vector_row_slow(const scalar_t* __restrict__ x
 
 // kGroup, the threads that share a block: the thread block (kThreads), or a warp (kWarpSize),
 // each warp of the thread block on blocks of its own, whose max is the warp's shuffles (no
-// shared memory, no barrier). kHeld: blocks of at most the group's held steps (kHeldSteps of
+// shared memory, no barrier), or two or four warps (64, 128: rows of up to 16 of their steps,
+// 8192 or 16384 bfloat16 elements, 4096 or 8192 float32 ones), each group of the thread block
+// on blocks of its own, whose max is its warps' shuffles and then their shared words
+// (group_max: one barrier a round, every group of the thread block stepping through its loop
+// together, a group without a block of its own in the last round included). Groups smaller
+// than the thread block hold whole steps of their rows in registers, as a warp does, so that a
+// thread holds up to 16 vectors and pays the row's max, scale and Divisor for them, where a
+// thread block on a row of 8192 bfloat16 elements would hold four. kHeld: blocks of at most the group's held steps (kHeldSteps of
 // the thread block's vectors: rows of up to 8192 float32 or 16384 bfloat16 elements;
 // kWarpHeldSteps of a warp's: 2048 float32 or 4096 bfloat16, the common hidden sizes, where a
 // thread block would hold one or two vectors a thread and pay the row's max, scale and Divisor
@@ -579,17 +614,24 @@ __global__ void __launch_bounds__(kThreads)
     blockwise_long_vector_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                  uint32_t* __restrict__ mask_words, const LaunchGeometry geo,
                                  const BlockRule<float> rule, const ParamPtr scale_amax) {
-  static_assert(kGroup == kThreads || (kGroup == kWarpSize && kHeld), "a thread block, or a warp holding its rows");
+  // groups of several warps: their max through shared memory, the thread block's rounds together
+  constexpr bool kWarps = kGroup > kWarpSize && kGroup < kThreads;
+  static_assert(kGroup == kThreads || ((kGroup == kWarpSize || kGroup == 2 * kWarpSize || kGroup == 4 * kWarpSize) && kHeld),
+                "a thread block, or a warp or a group of two or four holding its rows");
   static_assert(kHeld || !kPrefetch, "a block read twice would compete with its prefetched successor for L2");
   constexpr int V = kVec<scalar_t>;
   constexpr int kGroups = kThreads / kGroup;  // blocks a thread block works on at once
-  constexpr int kSteps = kGroup == kWarpSize ? kWarpHeldSteps : kHeldSteps;
+  constexpr int kSteps = kGroup < kThreads ? kWarpHeldSteps : kHeldSteps;
   // Offsets within a row: 32-bit where the row is held (kSteps steps at most).
   using Off = std::conditional_t<kHeld, int, int64_t>;
   constexpr Off kStep = Off{kGroup} * V;
-  constexpr bool kWholeSteps = kGroup == kWarpSize;
+  constexpr bool kWholeSteps = kGroup < kThreads;
   FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
   FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
+  // (kWarps: group_max's slots, two rounds' worth)
+  FQ_SHARED(uint32_t, slots, 2 * 2 * kWarpsPerBlock);
+  auto* slot_amax = reinterpret_cast<uint32_t(*)[kWarpsPerBlock]>(slots);
+  auto* slot_neg = reinterpret_cast<uint32_t(*)[kWarpsPerBlock]>(slots + 2 * kWarpsPerBlock);
   // (the launch's blockDim.x is kThreads: a thread block's group is all of it)
   const int t = kGroup == kThreads ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % kGroup;
   const int group = kGroup == kThreads ? 0 : static_cast<int>(threadIdx.x) / kGroup;
@@ -598,10 +640,14 @@ __global__ void __launch_bounds__(kThreads)
   // the passes' steps: kSteps (some past the end) or as many as the block needs
   const Off steps = kHeld ? kSteps : (len + kStep - 1) / kStep;
 
-  // (the same for the whole group)
-  for (int64_t blk = int64_t{blockIdx.x} * kGroups + group; blk < geo.total_blocks;
-       blk += int64_t{gridDim.x} * kGroups) {
-    const int64_t start = blk * geo.block_size;
+  // (the same for the whole group; kWarps: for the whole thread block, whose groups without a
+  // block of their own in the last round take part in its barrier and nothing else)
+  int parity = 0;
+  for (int64_t blk = int64_t{blockIdx.x} * kGroups + group; (kWarps ? blk - group : blk) < geo.total_blocks;
+       blk += int64_t{gridDim.x} * kGroups, parity ^= 1) {
+    // (a group without a block of its own reads the first block, and writes nothing)
+    const bool active = !kWarps || blk < geo.total_blocks;
+    const int64_t start = (active ? blk : 0) * geo.block_size;
     const scalar_t* __restrict__ xr = x + start;
     scalar_t* __restrict__ yr = y + start;
     uint32_t* __restrict__ wr = mask_words + start / 32;  // (blocks are whole words)
@@ -620,7 +666,7 @@ __global__ void __launch_bounds__(kThreads)
     for (Off k = 0; k < steps; ++k) {
       if (k * kStep >= len) break;  // (the whole group alike)
       const Off i = k * kStep + Off{t} * V;
-      if (kWholeSteps || i < len) {
+      if (kWholeSteps || i < len) {  // (a group without a block reads the first: see `start`)
         const Pack<scalar_t, V> raw = load_read_only<V>(xt + k * kStep);
         if (prefetch) prefetch_l2(xn + k * kStep);
         if constexpr (kHeld) held[k] = raw;
@@ -631,6 +677,9 @@ __global__ void __launch_bounds__(kThreads)
     keys.read(m, n);
     if constexpr (kGroup == kWarpSize) {
       warp_max(m, n);
+    } else if constexpr (kWarps) {
+      group_max<kGroup>(m, n, slot_amax, slot_neg, parity);
+      if (!active) continue;  // (after the round's barrier)
     } else {
       thread_block_max(m, n, warp_amax, warp_neg);
     }
@@ -731,11 +780,31 @@ void blockwise_typed(const BlockwiseJob& job) {
           constexpr Format F = decltype(format_tag)::value;
           auto launch = [&](auto centered_tag) {
             constexpr bool kCentered = decltype(centered_tag)::value;
-            if (geo.block_size <= int64_t{kWarpSize} * V * kWarpHeldSteps &&
-                geo.block_size % (int64_t{kWarpSize} * V) == 0) {  // a warp a block, whole steps
+            // whole steps of `warps` warps' vectors, up to the held steps of a warp
+            auto whole_steps = [&](int64_t warps) {
+              const int64_t step = warps * kWarpSize * V;
+              return geo.block_size <= step * kWarpHeldSteps && geo.block_size % step == 0;
+            };
+            // groups of two or four warps, for integer and E4M3 blocks (per token's formats): false
+            // where none takes the blocks
+            auto warp_groups = [&] {
+              if constexpr (F == Format::kInt || F == Format::kE4M3) {
+                for (int64_t warps : {2, 4}) {
+                  if (!whole_steps(warps)) continue;
+                  auto* kernel = warps == 2 ? &blockwise_long_vector_kernel<scalar_t, F, kCentered, true, 2 * kWarpSize, true>
+                                            : &blockwise_long_vector_kernel<scalar_t, F, kCentered, true, 4 * kWarpSize, true>;
+                  launch_kernel(kernel, grid_for(geo.total_blocks * warps, job.x.get_device()), stream, xp, yp, words,
+                                geo, rule, job.scale_amax);
+                  return true;
+                }
+              }
+              return false;
+            };
+            if (whole_steps(1)) {  // a warp a block
               launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, true, kWarpSize, true>,
                             grid_for(geo.total_blocks, job.x.get_device()), stream, xp, yp, words, geo, rule,
                             job.scale_amax);
+            } else if (warp_groups()) {
             } else if (geo.block_size <= int64_t{kThreads} * V * kHeldSteps) {
               launch_kernel(&blockwise_long_vector_kernel<scalar_t, F, kCentered, true, kThreads, true>, blocks, stream, xp,
                             yp, words, geo, rule, job.scale_amax);
