@@ -341,7 +341,7 @@ def profile_steps(run, steps, top=12):
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     _sync()
     t0 = time.perf_counter()
-    with run.context(), profile(activities=activities) as prof:
+    with profile(activities=activities) as prof:  # (a step enters its configuration's context)
         for _ in range(steps):
             run.step()
         _sync()
@@ -350,7 +350,7 @@ def profile_steps(run, steps, top=12):
     calls = sum(1 for e in events if e.name.startswith("fakequant::")
                 and (e.cpu_parent is None or e.cpu_parent.name != e.name))
     launches = sum(1 for e in events if e.name in LAUNCHES)
-    kernel_us = sum(e.device_time for e in events if e.device_type == DeviceType.CUDA) if cuda else None
+    kernel_us = sum(e.device_time_total for e in events if e.device_type == DeviceType.CUDA) if cuda else None
     averages = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)[:top]
     return dict(fakequant_calls=calls / steps, launches=launches / steps if cuda else None,
                 gpu_kernel_ms=kernel_us / 1e3 / steps if cuda else None, profiled_step_ms=wall_ms,

@@ -171,6 +171,14 @@ def test_a_configuration_that_fails_in_a_timed_round_is_reported_and_the_others_
         return 1.0
 
     monkeypatch.setattr(bench, "saved_mb", saved_mb)
+    real_profile = bench.profile_steps
+
+    def profile_steps(run, steps):
+        if run.name == "float eager":
+            raise AttributeError("no profile here")
+        return real_profile(run, steps)
+
+    monkeypatch.setattr(bench, "profile_steps", profile_steps)
     configs = ["float eager", "float compiled", "fakequant eager", "fakequant compiled"]
     result = bench.measure("resnet", configs, rounds=2, deadline=time.monotonic() + 60)
     rows = {r["config"]: r for r in result}
@@ -181,7 +189,7 @@ def test_a_configuration_that_fails_in_a_timed_round_is_reported_and_the_others_
     table = bench.format_tables({"models": {"resnet": result}})
     assert "| fakequant compiled | did not run: RuntimeError in round 1: recording failed |" in table
     assert "Memory and saved bytes not measured: float compiled (RuntimeError: no hooks under CUDA graphs)" in table
-    # (a Run without a context: the profile fails apart, named, and the memory figures stand)
+    # (a profile that fails is named apart, and the memory figures stand)
     assert rows["float eager"]["profile_error"].startswith("AttributeError") and "profile" not in rows["float eager"]
     assert "Not profiled: float eager (AttributeError" in table
 

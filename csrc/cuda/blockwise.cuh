@@ -468,28 +468,29 @@ __device__ __forceinline__ void thread_block_max(uint32_t& m, uint32_t& n, uint3
 }
 
 // The max of m and of n over a group of kGroup / 32 warps (aligned in the thread block), in
-// every thread: shuffles within each warp, then the group's warps' through the shared words
-// slot_amax[parity] and slot_neg[parity] (kWarpsPerBlock each). Every thread of the block calls
+// every thread: shuffles within each warp, then the group's warps' through the shared words of
+// slot_amax and slot_neg (two sets of kWarpsPerBlock each, set `parity`). Every thread of the block calls
 // it together, once a round of its loop, `parity` alternating from one round to the next: a
 // round's slots are read before the next round's barrier, which every thread reaches, and are
 // written again two rounds on, so one barrier a round is enough.
 template <int kGroup>
-__device__ __forceinline__ void group_max(uint32_t& m, uint32_t& n, uint32_t (*slot_amax)[kWarpsPerBlock],
-                                          uint32_t (*slot_neg)[kWarpsPerBlock], int parity) {
+__device__ __forceinline__ void group_max(uint32_t& m, uint32_t& n, uint32_t* slot_amax, uint32_t* slot_neg,
+                                          int parity) {
   constexpr int kGroupWarps = kGroup / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
+  const int set = parity * kWarpsPerBlock;
   warp_max(m, n);
   if (lane == 0) {
-    slot_amax[parity][warp] = m;
-    slot_neg[parity][warp] = n;
+    slot_amax[set + warp] = m;
+    slot_neg[set + warp] = n;
   }
   __syncthreads();
-  const int first = warp / kGroupWarps * kGroupWarps;
+  const int first = set + warp / kGroupWarps * kGroupWarps;
 #pragma unroll
   for (int w = 0; w < kGroupWarps; ++w) {
-    m = max(m, slot_amax[parity][first + w]);
-    n = max(n, slot_neg[parity][first + w]);
+    m = max(m, slot_amax[first + w]);
+    n = max(n, slot_neg[first + w]);
   }
 }
 
@@ -629,9 +630,8 @@ __global__ void __launch_bounds__(kThreads)
   FQ_SHARED(uint32_t, warp_amax, kWarpsPerBlock);
   FQ_SHARED(uint32_t, warp_neg, kWarpsPerBlock);
   // (kWarps: group_max's slots, two rounds' worth)
-  FQ_SHARED(uint32_t, slots, 2 * 2 * kWarpsPerBlock);
-  auto* slot_amax = reinterpret_cast<uint32_t(*)[kWarpsPerBlock]>(slots);
-  auto* slot_neg = reinterpret_cast<uint32_t(*)[kWarpsPerBlock]>(slots + 2 * kWarpsPerBlock);
+  FQ_SHARED(uint32_t, slot_amax, 2 * kWarpsPerBlock);
+  FQ_SHARED(uint32_t, slot_neg, 2 * kWarpsPerBlock);
   // (the launch's blockDim.x is kThreads: a thread block's group is all of it)
   const int t = kGroup == kThreads ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % kGroup;
   const int group = kGroup == kThreads ? 0 : static_cast<int>(threadIdx.x) / kGroup;
