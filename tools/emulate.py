@@ -257,7 +257,10 @@ def torch_flags():
 
     include = [f"-I{p}" for p in cpp_extension.include_paths()]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cflags = ["-std=c++20", "-fPIC", "-g", "-O1", "-pthread", "-ffp-contract=off",
+    # -g1: line tables (a sanitizer report's files, lines and inlined frames) without the types
+    # and variables of -g, which took 44% of the device code's compile time (blockwise.cu
+    # under ASan: 45 s -> 25 s)
+    cflags = ["-std=c++20", "-fPIC", "-g1", "-O1", "-pthread", "-ffp-contract=off",
               "-fvisibility=hidden", "-fvisibility-inlines-hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
               f"-DFAKEQUANT_NAMESPACE={NAMESPACE}", "-DFAKEQUANT_EMULATION_LIBRARY", *include]
     libdirs = cpp_extension.library_paths()

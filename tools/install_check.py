@@ -78,13 +78,26 @@ def outcomes(junit):
     return result
 
 
-def pytest(python, cwd, junit):
+def pytest(runs):
+    """The copied tests run by each (python, cwd, junit) of `runs`, the runs at once (a pytest
+    process keeps one core busy), each one's output printed when all are done; returns each
+    one's exit code, and the wall time of them all."""
     tests = [f"tests/{name}" for name in INSTALLED_TESTS]
-    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *tests]
-    print("+", " ".join(map(str, cmd)), f"(in {cwd})", flush=True)
     start = time.perf_counter()
-    code = subprocess.run(list(map(str, cmd)), cwd=cwd).returncode
-    return code, time.perf_counter() - start
+    processes = []
+    for python, cwd, junit in runs:
+        cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *tests]
+        log = open(Path(junit).with_suffix(".log"), "w+")
+        processes.append((" ".join(map(str, cmd)) + f" (in {cwd})", log,
+                          subprocess.Popen(list(map(str, cmd)), cwd=cwd, stdout=log, stderr=subprocess.STDOUT)))
+    codes = []
+    for line, log, process in processes:
+        codes.append(process.wait())
+        log.seek(0)
+        print("+", line, flush=True)
+        sys.stdout.write(log.read())
+        log.close()
+    return codes, time.perf_counter() - start
 
 
 def main():
@@ -115,8 +128,8 @@ def main():
     check_origin(python, outside)
     run([python, "-m", "fakequant", "info"], cwd=outside)
 
-    installed_code, timings["tests installed"] = pytest(python, outside, work / "installed.xml")
-    editable_code, timings["tests editable"] = pytest(py, ROOT, work / "editable.xml")
+    (installed_code, editable_code), timings["tests, installed and editable at once"] = pytest(
+        [(python, outside, work / "installed.xml"), (py, ROOT, work / "editable.xml")])
     installed, editable = outcomes(work / "installed.xml"), outcomes(work / "editable.xml")
     differences = [f"{name}: {editable.get(name, 'absent')} editable, {installed.get(name, 'absent')} installed"
                    for name in sorted(set(installed) | set(editable)) if installed.get(name) != editable.get(name)]
