@@ -130,3 +130,24 @@ def test_the_rule_refuses_divisors_it_cannot_keep_exact():
         with pytest.raises(ValueError, match="odd part"):
             _core.divide(torch.ones(2), divisor)
     assert bits_equal(_core.divide(torch.ones(2, dtype=torch.float64), 0.1), torch.ones(2, dtype=torch.float64) / 0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_a_number_over_a_tensor_is_rounded_once(dtype):
+    """_core.divide_into(d, t) is RN(d / t) in t's dtype (pytorch-quantization's torch.tensor(bound)
+    / amax), under CUDA's arithmetic, compiled and eager alike; d / t is t.reciprocal() * d,
+    which differs."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    t = (1.0 + torch.arange(0, 2**23, 61, dtype=torch.float64) / 2**23).mul(3.0).to(dtype)
+    backend = aot_autograd(fw_compiler=inductor_cuda_division)
+    for dividend in (127, 7, 255, 65535, 2688, 0.5):
+        quotient = (torch.full_like(t, dividend, dtype=torch.float64) / t.double()).to(dtype)  # rounded once
+        with CudaArithmetic():
+            eager = _core.divide_into(dividend, t)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a: _core.divide_into(dividend, a), backend=backend, fullgraph=True)(t)
+        assert bits_equal(eager, quotient) and bits_equal(compiled, quotient), dividend
+        assert dtype == torch.float16 or dividend == 0.5 or not bits_equal(dividend / t, quotient)
+    with pytest.raises(ValueError, match="divide_into's dividend must be .* odd part"):
+        _core.divide_into(0.1, t)

@@ -192,6 +192,25 @@ def test_tensor_quant(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_bits, unsigned", [(8, False), (4, False), (8, True), (16, True)])
+def test_tensor_quant_scale_is_pytorch_quantizations_bit_for_bit(device, num_bits, unsigned):
+    # pytorch-quantization: max_bound = torch.tensor(bound); scale = max_bound / amax (one rounding),
+    # 1 where amax <= 2^-24. bound / amax with a Python bound is amax.reciprocal() * bound in
+    # PyTorch, two roundings, one step off for about a quarter of these amax values.
+    bound = 2 ** (num_bits - 1 + unsigned) - 1
+    amax = torch.cat([torch.rand(4000, dtype=torch.float64).exp2().mul(torch.rand(4000, dtype=torch.float64) * 2).float(),
+                      torch.tensor([0.0, 2.0**-24, 2.0**-23, 1.0, 3.0, 448.0])]).to(device)
+    x = torch.rand(amax.numel(), 3, device=device) if unsigned else torch.randn(amax.numel(), 3, device=device)
+    _, scale = tensor_quant.tensor_quant(x, amax[:, None], num_bits, unsigned)
+    expected = torch.where(amax <= 2.0**-24, torch.ones_like(amax), torch.tensor(float(bound), device=device) / amax)
+    assert bits_equal(scale, expected[:, None])
+    assert int(((bound / amax) != expected).sum()) > 100  # (the two-rounding form would fail here)
+    quantizer = TensorQuantizer(QuantDescriptor(num_bits=num_bits, unsigned=unsigned, amax=1.7, fake_quant=False))
+    quantizer(x[:4])
+    assert bits_equal(quantizer.scale, torch.tensor(float(bound), device=device) / torch.tensor(1.7, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fake_affine_tensor_quant(device, dtype):
     x = torch.randn(50, device=device, dtype=dtype, requires_grad=True)

@@ -22,7 +22,7 @@ from .constants import (
     min_max_levels,
 )
 from .formats import BlockScales
-from .numerics import divide, zero_keeping_sign
+from .numerics import divide, divide_into, zero_keeping_sign
 from .errors import TypeAndAttributeError, TypeAndValueError, ValueAndRuntimeError
 from .export_state import (
     ExportOptions,

@@ -42,12 +42,31 @@ def divide(t: torch.Tensor, divisor: float) -> torch.Tensor:
     return (wide / torch.full((), divisor, dtype=torch.float64, device=t.device)).to(dtype)
 
 
-def _check_divisor(divisor: float) -> None:
+def divide_into(dividend: float, t: torch.Tensor) -> torch.Tensor:
+    """``dividend / t`` for a floating tensor t, rounded once to t's dtype, the same on every
+    device, eager and under ``torch.compile``: what a tensor dividend gives
+    (pytorch-quantization's ``torch.tensor(bound) / amax``). A Python number over a tensor
+    (``bound / t``) is ``t.reciprocal() * bound`` in PyTorch, two roundings: in float32 one
+    step off RN(127 / amax) for about a quarter of the values of amax.
+
+    Eager, float32 and float64 divide in t's dtype; under ``torch.compile`` (Triton's float32
+    division is approximate) and in float16 and bfloat16, in float64, rounded once (as
+    :func:`divide`). ``dividend`` is an integer times a power of two whose odd part is below
+    2^24 (exact in float32), as :func:`divide`'s divisor is."""
+    _check_divisor(dividend, "divide_into's dividend")
+    if t.dtype == torch.float64 or torch.compiler.is_exporting() or torch.jit.is_tracing() or (
+            t.dtype == torch.float32 and not torch.compiler.is_compiling()):
+        return torch.full_like(t, dividend) / t
+    wide = t.to(torch.float64)
+    return (torch.full_like(wide, dividend) / wide).to(t.dtype)
+
+
+def _check_divisor(divisor: float, name: str = "divide's divisor") -> None:
     if type(divisor) in (int, float) and 0 < abs(divisor) < 2**24 and float(divisor).is_integer():
         return  # (the usual divisors: integers below 2^24)
     numerator = abs(float(divisor)).as_integer_ratio()[0] if math.isfinite(divisor) else 0  # (over a power of two)
     if numerator == 0 or numerator >> ((numerator & -numerator).bit_length() - 1) >= 2**24:
-        raise ValueError(f"fakequant: divide takes a nonzero integer times a power of two whose odd part is "
+        raise ValueError(f"fakequant: {name} must be a nonzero integer times a power of two whose odd part is "
                          f"below 2^24 (the quotient exact under torch.compile on every device), got {divisor!r}")
 
 

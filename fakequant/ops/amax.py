@@ -12,6 +12,7 @@ from .._core import (
     check_bool,
     check_integer_num_bits,
     check_tensor,
+    divide_into,
     lower_symbolically,
     refuse_untranslated,
 )
@@ -199,7 +200,8 @@ def quantize_amax(
     lowered = lower_symbolically("quantize_amax", input, amax, num_bits, unsigned, narrow_range, check_values)
     output, mask = lowered if lowered is not None else _ops.quantize_amax(input, amax, num_bits, unsigned,
                                                                           narrow_range, check_values)
+    # pytorch-quantization's RN(bound / amax), 1 where amax <= 2^-24 (bound / amax32 would be
+    # amax32.reciprocal() * bound: two roundings)
     amax32 = amax.float()
-    bound = float(amax_bound(num_bits, unsigned))
-    inverse_scale = torch.where(amax32 <= AMAX_EPSILON, torch.ones_like(amax32), bound / amax32)
+    inverse_scale = torch.where(amax32 <= AMAX_EPSILON, 1.0, divide_into(amax_bound(num_bits, unsigned), amax32))
     return (output, inverse_scale, mask) if return_mask else (output, inverse_scale)
